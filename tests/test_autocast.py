@@ -394,3 +394,25 @@ def test_gat_logits_under_autocast_are_pyg_float32(device):
     assert (out.dtype, alpha.dtype) == (ref_out.dtype, ref_alpha.dtype) == (torch.float32, torch.float32)
     torch.testing.assert_close(alpha, ref_alpha, rtol=1e-3, atol=1e-3)
     torch.testing.assert_close(out, ref_out, rtol=1e-2, atol=1e-2)
+
+
+@pytest.mark.parametrize("order", [None, "combine-first"])
+def test_sage_without_root_weight_under_autocast_is_pyg_bfloat16(device, order):
+    """SAGEConv narrowing 6 -> 4 on an input that needs a gradient maps first (the static
+    rule, or a kernel placement choosing combine-first); without a root term the float32
+    bias then promoted the bfloat16 sum, and the layer returned float32 where PyG's
+    returns bfloat16. Under autocast it aggregates first, as PyG and GCNConv do."""
+    pyg = pytest.importorskip("torch_geometric.nn")
+    from gnnfuse import nn as gnn
+    from gnnfuse.nn.placement import FixedPlacement
+    torch.manual_seed(1)
+    ref = pyg.SAGEConv(6, 4, root_weight=False).to(device)
+    ours = gnn.SAGEConv(6, 4, root_weight=False).to(device)
+    ours.load_state_dict(ref.state_dict())
+    ours.placement = FixedPlacement(order) if order else None
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(10, 6, generator=gen).to(device)
+    edge_index = torch.randint(0, 10, (2, 30), generator=gen).to(device)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert_same_under_autocast(ours, ref, lambda layer, xs: layer(xs, edge_index), x, torch.device(device).type)

@@ -23,7 +23,7 @@ from ..graph.convert import check_bipartite_adj_t, coalesced, declared_size
 from ..graph.fixed_shape import is_padded, loader_position, per_step
 from ..runtime.compile_op import GRAPH_STEPS, GraphRef
 from ..runtime.compiled import backend_name, on_first_pass
-from ..runtime.autocast import autocast_dtype
+from ..runtime.autocast import AUTOCAST_DEVICE_TYPES, autocast_dtype
 from .aligned_linear import RowsRead, aligned_linear, bias_added, flat_heads, kernel_row_stride, paired_linear
 from .aggregation import Reduction, aggregate, eager_slots, pyg_aggr_name, resolve_aggregation
 from .arguments import (adjacency_weights, edge_weight_column, floating_node_features, node_pair, refuse_stored_loops,
@@ -715,8 +715,14 @@ class SAGEConv(FixedFlow, OneLineRepr, NotScriptable, nn.Module):
     def _combine_first(self, graph: Graph, messages: torch.Tensor, lin_l: nn.Module, weight_l: torch.Tensor) -> bool:
         """Whether the linear map runs before the aggregation (mean/sum only): by the
         `placement` model when one is installed (GraphTensor's DKP), else by the static
-        rule `maps_first`. ``lin_l`` and its weight as `forward` read them (once a call)."""
+        rule `maps_first`. ``lin_l`` and its weight as `forward` read them (once a call).
+        Never under torch.autocast, as GCNConv: the map first gives autocast-dtype rows
+        whose sum then takes ``lin_l``'s float32 bias, so without a root term the layer
+        returned float32 where PyG's returns the autocast dtype (checked inline: a hot path)."""
         if isinstance(graph, GraphRef) or not plain_linear(lin_l):  # torch.compile: no per-graph row masks
+            return False
+        device_type = messages.device.type
+        if device_type in AUTOCAST_DEVICE_TYPES and torch.is_autocast_enabled(device_type):
             return False
         width = lin_l.in_features
         if not width:     # lazy in_channels: not materialized yet
