@@ -344,18 +344,20 @@ def test_torch_compile_refuses_an_autocast_block_it_cannot_place():
         compiled(h, M)
 
 
-@pytest.mark.parametrize("name", ["RGCNConv", "FastRGCNConv", "RGATConv", "EdgeConv", "SGConv"])
+@pytest.mark.parametrize("name", ["RGCNConv", "FastRGCNConv", "RGATConv", "EdgeConv", "SGConv", "TAGConv"])
 def test_traced_layers_under_autocast_match_pyg(device, name):
     """gnnfuse.nn layers whose aggregation traces products: before the UDF casts were
     traced, RGCNConv and RGATConv failed under CPU bf16 autocast ("Index put requires the
     source and destination dtypes match"), EdgeConv ("expected m1 and m2 to have the same
     dtype") and FastRGCNConv returned bfloat16 on the Triton backend where PyG's is float32.
-    SGConv narrowing 6 -> 4 moved its map before the hops and returned float32 (PyG: bfloat16)."""
+    SGConv narrowing 6 -> 4 moved its map before the hops and returned float32 (PyG: bfloat16),
+    and so did TAGConv without a bias."""
     pyg = pytest.importorskip("torch_geometric.nn")
     from gnnfuse import nn as gnn
     make = {"RGCNConv": lambda m: m.RGCNConv(6, 4, 3), "FastRGCNConv": lambda m: m.FastRGCNConv(6, 4, 3),
             "RGATConv": lambda m: m.RGATConv(6, 4, 3),
-            "EdgeConv": lambda m: m.EdgeConv(torch.nn.Linear(12, 4)), "SGConv": lambda m: m.SGConv(6, 4, K=2)}[name]
+            "EdgeConv": lambda m: m.EdgeConv(torch.nn.Linear(12, 4)), "SGConv": lambda m: m.SGConv(6, 4, K=2),
+            "TAGConv": lambda m: m.TAGConv(6, 4, K=2, bias=False)}[name]
     torch.manual_seed(1)
     ref = make(pyg).to(device)
     ours = make(gnn).to(device)
@@ -365,7 +367,8 @@ def test_traced_layers_under_autocast_match_pyg(device, name):
     edge_index = torch.randint(0, 10, (2, 30), generator=gen).to(device)
     edge_type = torch.randint(0, 3, (30,), generator=gen).to(device)
     def call(layer, xs):
-        return layer(xs, edge_index) if name in ("EdgeConv", "SGConv") else layer(xs, edge_index, edge_type)
+        return (layer(xs, edge_index) if name in ("EdgeConv", "SGConv", "TAGConv")
+                else layer(xs, edge_index, edge_type))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         assert_same_under_autocast(ours, ref, call, x, torch.device(device).type)

@@ -360,9 +360,12 @@ class TAGConv(FixedAggregation, FixedFlow, OneLineRepr, NotScriptable, nn.Module
         graph, hop = _normalized_hop(_as_graph(edge_index, x.shape[0]), edge_weight, x.dtype, False, self.normalize)
         pyg_init.materialize([(lin, x) for lin in self.lins])
         # PyG calls lins[1:] by their forward, hooks not run: a map is moved before the hops
-        # when its forward is nn.Linear's, without a bias (which moved, would be propagated)
+        # when its forward is nn.Linear's, without a bias (which moved, would be propagated);
+        # not under torch.autocast, as SGConv: the hops of autocast-dtype rows by float32
+        # norms gave float32 where PyG's maps after them give the autocast dtype
         if (all(type(lin) is nn.Linear and lin.bias is None for lin in self.lins[1:])
-                and self.out_channels < x.shape[-1] and not isinstance(graph, GraphRef)):   # not under torch.compile
+                and self.out_channels < x.shape[-1] and not isinstance(graph, GraphRef)   # not under torch.compile
+                and autocast_dtype(x.device.type) is None):
             skips = [_transform_first(x, lin.weight, graph, k) if k else lin(x) for k, lin in enumerate(self.lins)]
             norm = _inv_sqrt_degree(graph, x.dtype) if self.normalize else x.new_ones(graph.num_nodes, 1)
             out = skips[-1]
