@@ -474,3 +474,15 @@ def test_an_int32_edge_index_swapped_through_data_keeps_its_old_address_taken():
     pinned = [storage.data_ptr() for entry in index_cache._ENTRIES.values() if len(entry) > 3 for storage in entry[3]]
     assert first in pinned
     torch.testing.assert_close(sage(x, ei), ref(x, ei.long()))
+
+
+def test_a_tensor_freed_while_the_interpreter_tears_the_module_down_is_forgotten_quietly():
+    """At exit the module's globals are cleared in any order: with the lock still there
+    and the entries already None, a freed edge_index's weakref callback printed
+    "AttributeError: 'NoneType' object has no attribute 'get'" as the process ended."""
+    kept = index_cache._ENTRIES
+    index_cache._ENTRIES = None
+    try:
+        index_cache._forget(0, weakref.ref(torch.empty(0)))
+    finally:
+        index_cache._ENTRIES = kept     # before the autouse fixture clears the tables

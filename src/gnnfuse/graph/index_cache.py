@@ -283,10 +283,11 @@ def _forget_prefixes(slot: int, dead: weakref.ref) -> None:
 def _forget(slot: Hashable, dead: weakref.ref, table: OrderedDict | None = None) -> None:
     """Drop the entry of an input that was just freed from ``table`` (default the
     entries), unless the slot was reused; nothing at the interpreter's exit, whose
-    teardown of this module may come first."""
-    if _LOCK is None:
-        return
+    teardown of this module may come first (clearing its globals in any order: the lock
+    may outlive the tables, and an AttributeError on None was printed at exit)."""
     table = _ENTRIES if table is None else table
+    if _LOCK is None or table is None:
+        return
     with _LOCK:
         entry = table.get(slot)
         if entry is not None and entry[0] is dead:
