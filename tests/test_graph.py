@@ -655,3 +655,18 @@ def test_from_edge_index_counts_an_edge_index_s_declared_vertices():
     assert Graph.from_edge_index(edge_index).num_nodes == Graph.coerce(edge_index).num_nodes == 9
     typed = Graph.from_edge_index(edge_index, edge_type=torch.tensor([0]))
     assert typed.num_nodes == 9 and typed.edge_type.tolist() == [0]
+
+
+def test_a_write_to_csr_col_is_refused_naming_the_method_that_returned_it():
+    """``csr().col`` and ``csr().rowptr`` are the graph's ``csr_rows`` layout's tensors, so
+    a write to them was refused as a write to the tensor "Graph.csr_rows returns" -- no
+    such method; the caller wrote to what ``csr()`` gave them. The error names ``csr()``."""
+    from gnnfuse import nn as gnn
+    from gnnfuse.graph import GraphModifiedError
+    x = torch.randn(6, 3)
+    for by, layout in (("col", "csr"), ("rowptr", "reverse_csr")):
+        graph = Graph.from_edge_index(torch.tensor([[0, 1, 2, 3, 4, 5, 1], [1, 2, 3, 4, 5, 0, 1]]), 6)
+        getattr(getattr(graph, layout)(), by)[0] = 1
+        with pytest.raises(GraphModifiedError, match=rf"Graph\.{layout}\(\) \(or grouped") as info:
+            gnn.SAGEConv(3, 2)(x, graph)
+        assert "Graph.csr_rows" not in str(info.value) and "Graph.reverse_csr_rows" not in str(info.value)

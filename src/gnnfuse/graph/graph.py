@@ -586,7 +586,7 @@ class Graph:
                               _REBUILD)
         for key, tensor, version in self._sealed_layouts:
             if tensor._version != version:
-                raise _edited(f"cached {key} layout", tensor, version, "it was built", _CLONE.format(key=key))
+                raise _edited(f"cached {key} layout", tensor, version, "it was built", _CLONE.format(key=_HANDED_OUT[key]))
 
     def _reseal(self) -> None:
         """Accept the graph's current tensors as its edges and layouts: only for a caller
@@ -898,9 +898,13 @@ class Graph:
 
 
 _UNPICKLED = ("_wrapper", "_wrapper_version", "_sealed", "_sealed_layouts", "_reads_recipe")
-# the cache keys of the layouts `Graph`'s public methods return (`_seal_layout`)
-_HANDED_OUT = ("csr", "reverse_csr", "csr_rows", "reverse_csr_rows", "coo", "in_degrees", "out_degrees",
-               "degree_order", "edge_index")
+# the cache keys of the layouts `Graph`'s public methods return (`_seal_layout`), each with
+# the public spelling that hands it out, for the error naming it: ``csr().col`` is the
+# ``csr_rows`` layout's tensor, and the error said a write to "Graph.csr_rows", no method
+_HANDED_OUT = {"csr": "csr()", "reverse_csr": "reverse_csr()", "csr_rows": "csr() (or grouped('dst'))",
+               "reverse_csr_rows": "reverse_csr() (or grouped('src'))", "coo": "coo()",
+               "in_degrees": "in_degrees()", "out_degrees": "out_degrees()", "degree_order": "degree_order()",
+               "edge_index": "edge_index"}
 _REBUILD = ("A Graph keeps its index tensors without copying and caches layouts built from them (CSR, degrees, "
             "norms), which describe the old edges. Build a new Graph from the edited tensors (e.g. "
             "Graph.from_edge_index(edge_index)), or edit a clone (edge_index = edge_index.clone()) so the graph "
