@@ -586,7 +586,8 @@ class Graph:
                               _REBUILD)
         for key, tensor, version in self._sealed_layouts:
             if tensor._version != version:
-                raise _edited(f"cached {key} layout", tensor, version, "it was built", _CLONE.format(key=_HANDED_OUT[key]))
+                raise _edited(f"cached {key} layout", tensor, version, "it was built",
+                              _CLONE.format(key=_HANDED_OUT[key]))
 
     def _reseal(self) -> None:
         """Accept the graph's current tensors as its edges and layouts: only for a caller
