@@ -303,3 +303,25 @@ def test_a_shared_store_keeps_its_permissions_and_its_symbolic_link(cache, tmp_p
     assert sorted(json.loads(shared.read_text())["entries"]) == ["first", "mine"]
     assert shared.stat().st_mode & 0o777 == 0o664
 
+
+
+def test_a_ctrl_c_mid_search_keeps_the_units_already_tuned(cache, monkeypatch):
+    """Choices were stored only after the last unit, so a Ctrl-C in a long search lost
+    every unit already timed; the unit being timed when it came is not stored."""
+    monkeypatch.setenv("GNNFUSE_BACKEND", "reference")
+    model, graph, x = tiny()
+    real = gnnfuse.tuning.search._time_schedules
+    calls = []
+
+    def stopped_on_the_second(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+    monkeypatch.setattr("gnnfuse.tuning.search._time_schedules", stopped_on_the_second)
+    with pytest.raises(KeyboardInterrupt):
+        tune(lambda: model(x, graph), "cpu", space="small", repeats=1)
+    assert len(json.loads(cache.read_text())["entries"]) == 1
+    monkeypatch.setattr("gnnfuse.tuning.search._time_schedules", real)
+    again = tune(lambda: model(x, graph), "cpu", space="small", repeats=1)
+    assert sum(r.reused for r in again) == 1 and len(again) >= 2

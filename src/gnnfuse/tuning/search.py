@@ -157,7 +157,24 @@ def tune(run_model: Callable[[], Any], backend: str, device: torch.device | str 
                for k in units if k not in todo and k in stored]
     for result in results:
         log(f"reused: {result.unit}: {tuned_schedule.describe(result.schedule)}")
-    records = {}
+    records: dict[str, dict[str, Any]] = {}
+    try:
+        _search(units, spaces, todo, backend, repeats, device, results, records, log)
+    finally:
+        # also on Ctrl-C or an error mid-search: every unit timed to the end is a finished
+        # choice, and storing only after the last one lost a long search's work; the unit
+        # being timed when it stopped has no record, so nothing partial is stored
+        if records:
+            path = tuned_schedule.store(records)
+            log(f"stored {len(records)} choice(s) in {path}"
+                + ("" if len(records) == len(todo) else f" ({len(todo) - len(records)} unit(s) not tuned)"))
+    return results
+
+
+def _search(units: dict, spaces: dict, todo: list[str], backend: str, repeats: int, device: torch.device,
+            results: list[TunedUnit], records: dict[str, dict[str, Any]], log: Callable[[str], None]) -> None:
+    """Time each unit of ``todo`` under its schedules, adding its outcome to ``results``
+    and ``records`` (what `tuned_schedule.store` takes) as soon as it is timed."""
     with progress_bar(total=sum(len(spaces[k]) for k in todo) * (repeats + 1), desc="tune", unit="call") as bar:
         for key in todo:
             unit, ctx, leaves = units[key]
@@ -170,7 +187,3 @@ def tune(run_model: Callable[[], Any], backend: str, device: torch.device | str 
                             "candidates": result.candidates}
             log(f"tuned: {result.unit}: {tuned_schedule.describe(result.schedule)}, {result.best_ms:.3f} ms "
                 f"(cost rule {result.cost_rule_ms:.3f} ms, {len(times)} schedules)")
-    if records:
-        path = tuned_schedule.store(records)
-        log(f"stored {len(records)} choice(s) in {path}")
-    return results
