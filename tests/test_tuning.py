@@ -325,3 +325,25 @@ def test_a_ctrl_c_mid_search_keeps_the_units_already_tuned(cache, monkeypatch):
     monkeypatch.setattr("gnnfuse.tuning.search._time_schedules", real)
     again = tune(lambda: model(x, graph), "cpu", space="small", repeats=1)
     assert sum(r.reused for r in again) == 1 and len(again) >= 2
+
+
+@pytest.mark.parametrize("content", [json.dumps({"model": "gcn", "results": {}}) + "\n", "a,b\n1,2\n"],
+                         ids=["another command's JSON", "not JSON"])
+def test_a_store_path_naming_a_file_that_is_not_a_store_is_refused_before_the_search(content, cache, monkeypatch,
+                                                                                     capsys):
+    """$GNNFUSE_TUNED_SCHEDULES pointed at another file (a `gnnfuse bench --json` result)
+    was searched, then silently replaced by the store: the file's content was lost."""
+    cache.write_text(content)
+    monkeypatch.setattr("gnnfuse.tuning.command.tune", lambda *args, **kwargs: pytest.fail("searched"))
+    with pytest.raises(SystemExit) as stop:
+        main(["tune", "--dataset", "synthetic", "--space", "small"])
+    assert stop.value.code == 2 and "is not a store of tuned choices" in capsys.readouterr().err
+    assert cache.read_text() == content
+    monkeypatch.setenv("GNNFUSE_BACKEND", "reference")
+    model, graph, x = tiny()
+    with pytest.raises(ValueError, match="is not a store of tuned choices"):
+        tune(lambda: model(x, graph), "cpu", space="small", repeats=1)
+    assert cache.read_text() == content
+    cache.write_text(json.dumps({"stamp": {"format": 0}, "entries": {}}))     # a stale store is replaced
+    assert len(tune(lambda: model(x, graph), "cpu", space="small", repeats=1)) >= 2
+    assert json.loads(cache.read_text())["stamp"] == tuned_schedule.STAMP

@@ -181,7 +181,7 @@ def _parsed(path: Path, warn: Callable[[str], None]) -> dict[str, tuple[Any, For
             raise ValueError("no 'entries' table")
     except (OSError, ValueError, RecursionError) as error:    # (json's, for arrays nested too deep)
         warn(f"gnnfuse: ignoring the tuned-schedule cache {path} ({error}); the backends use their "
-             "cost rules (run `gnnfuse tune` to rebuild it)")
+             "cost rules (remove it and run `gnnfuse tune` to rebuild it)")
         return {}
     if data.get("stamp") != STAMP:
         warn(f"gnnfuse: ignoring the tuned-schedule cache {path}: it was written for other kernels "
@@ -194,6 +194,25 @@ def _parsed(path: Path, warn: Callable[[str], None]) -> dict[str, tuple[Any, For
         except (TypeError, ValueError, KeyError) as error:
             warn(f"gnnfuse: ignoring a corrupt entry of the tuned-schedule cache {path} ({error})")
     return entries
+
+
+def foreign_file(path: Path) -> str | None:
+    """Why ``path`` is a file `store` must not replace, or None: it exists, is not empty,
+    and is not a store (a JSON object with a stamp and an entries table) -- another file
+    ``$GNNFUSE_TUNED_SCHEDULES`` names by mistake, such as a ``gnnfuse bench --json``
+    result, which `store` replaced after the whole search, its content lost. A store of
+    another stamp is one, and is replaced (its choices were for other kernels)."""
+    try:
+        if not path.is_file() or path.stat().st_size == 0:
+            return None
+        data = json.loads(path.read_text())
+        if isinstance(data, dict) and "stamp" in data and isinstance(data.get("entries"), dict):
+            return None
+        why = "no stamp and entries table"
+    except (OSError, ValueError, RecursionError) as error:
+        why = f"it does not parse as JSON: {error}"
+    return (f"{path} is not a store of tuned choices ({why}), and storing the choices would replace it: set "
+            f"${PATH_ENV} to another file, or remove it if it is a damaged store")
 
 
 def _read(path: Path) -> dict[str, ForcedSchedule]:

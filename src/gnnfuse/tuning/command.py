@@ -6,7 +6,7 @@ import os
 
 import torch
 
-from ..backend.tuned_schedule import PATH_ENV, cache_path, describe
+from ..backend.tuned_schedule import PATH_ENV, cache_path, describe, foreign_file
 from ..bench.models import MODELS, instantiate, load_data, reference_state
 from ..data import DATASET_NAMES, LOAD_ERRORS, ROOT_HELP
 from ..output_paths import folder_problem
@@ -44,6 +44,9 @@ def run_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
         parser.error(f"the store of tuned choices, {store} (${PATH_ENV}, else $GNNFUSE_CACHE/"
                      f"tuned_schedules.json), cannot be written: {problem}; set ${PATH_ENV} to a file name "
                      "in a folder you can write")
+    problem = foreign_file(store)       # found after the whole search, then replaced
+    if problem is not None:
+        parser.error(problem)
     device = torch.device(args.device)
     try:
         data = load_data(args.dataset, args.root, device, log=print)

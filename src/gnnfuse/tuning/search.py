@@ -141,8 +141,13 @@ def tune(run_model: Callable[[], Any], backend: str, device: torch.device | str 
          ) -> list[TunedUnit]:
     """Tune every fused unit ``run_model()`` runs (forward and backward) on ``backend``
     and store the choices (`tuned_schedule.store`); units with a stored choice are
-    reused unless ``retune``. Returns one `TunedUnit` per distinct unit key."""
+    reused unless ``retune``. Returns one `TunedUnit` per distinct unit key. A store path
+    naming a file that is not a store is a ValueError before any timing
+    (`tuned_schedule.foreign_file`)."""
     device = torch.device(device)
+    problem = tuned_schedule.foreign_file(tuned_schedule.cache_path())
+    if problem is not None:
+        raise ValueError(problem)
     units = {}
     for unit, ctx, leaves in _captured_units(run_model, backend, device):
         units.setdefault(tuned_schedule.key(unit, ctx.graph, backend), (unit, ctx, leaves))
