@@ -259,3 +259,16 @@ def test_bench_cpu_gives_no_speedup_beside_a_kernel_that_failed_its_check(import
     assert bench.ratio(results(1e-7), "kernels", key, "gnnfuse-cpu", "pyg-scatter") == "3.00x"
     for err in (0.5, float("nan")):
         assert bench.ratio(results(err), "kernels", key, "gnnfuse-cpu", "pyg-scatter") == "check failed"
+
+
+def test_bench_records_the_thread_count_and_the_backend_it_ran(tmp_path, monkeypatch, capsys):
+    """The JSON named the CPU model but not the torch thread count nor the gnnfuse backend
+    (GNNFUSE_BACKEND): a CPU step's time depends on both, so two results of one commit and
+    machine could not be told apart."""
+    out = tmp_path / "bench.json"
+    monkeypatch.setenv("GNNFUSE_BACKEND", "cpu")
+    assert main(["bench", "--dataset", "synthetic", "--frameworks", "gnnfuse", "--steps", "1", "--warmup", "0",
+                 "--threads", "1", "--json", str(out)]) == 0
+    env = json.loads(out.read_text())["environment"]
+    assert env["threads"] == 1 and env["backend"] == "cpu"
+    assert "1 CPU thread(s), gnnfuse backend cpu" in capsys.readouterr().out

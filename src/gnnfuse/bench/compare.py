@@ -95,12 +95,14 @@ def format_table(report: dict[str, Any]) -> str:
 
 
 def _machine_line(env: dict[str, Any] | None) -> str:
-    """Where the numbers came from: device, torch and the commit (``dirty``: tracked files
-    differed from it)."""
+    """Where the numbers came from: device, threads, backend, torch and the commit
+    (``dirty``: tracked files differed from it). A report saved before threads and
+    backend were recorded leaves them out."""
     if env is None:
         return "machine: not recorded"
     commit = (env["git_commit"] or "unknown")[:12] + (" (dirty)" if env["git_dirty"] else "")
-    return f"machine: {env['device_name']}; torch {env['torch']}; gnnfuse {env['gnnfuse']}, commit {commit}"
+    setup = (f", {env['threads']} CPU thread(s), gnnfuse backend {env['backend']}" if "threads" in env else "")
+    return f"machine: {env['device_name']}{setup}; torch {env['torch']}; gnnfuse {env['gnnfuse']}, commit {commit}"
 
 
 def _ratio(value: float | None, name: str) -> str:

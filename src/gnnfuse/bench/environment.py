@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from ..backend.tuned_schedule import cpu_name
+from ..runtime.compiled import backend_name
 
 # src/gnnfuse/bench/environment.py -> the repository root of a source checkout
 REPO_ROOT = Path(__file__).resolve().parents[3]
@@ -42,6 +43,9 @@ def environment(device: torch.device) -> dict[str, Any]:
 
     ``git_dirty`` says whether tracked files differed from the commit, since a
     benchmark of uncommitted changes is not reproducible from the commit alone.
+    ``threads`` (torch's CPU threads) and ``backend`` (what runs gnnfuse's programs on
+    ``device``, `backend_name`) change a step's time as much as the machine does, and
+    were not recorded.
     """
     import gnnfuse
     try:
@@ -64,6 +68,8 @@ def environment(device: torch.device) -> dict[str, Any]:
         "device": device.type,
         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda"
         else cpu_name(),          # platform.processor() is '' or 'x86_64' on Linux
+        "threads": torch.get_num_threads(),
+        "backend": backend_name(device.type == "cuda"),
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
         "triton": triton_version,
