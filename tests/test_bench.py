@@ -95,6 +95,10 @@ def test_bad_options_are_usage_errors(capsys):
     with pytest.raises(SystemExit):
         main(["bench", "--dataset", "synthetic", "--frameworks", "gnnfuse", "--steps", "1", "--warmup", "-1"])
     assert "warmup must be at least 0, got -1" in capsys.readouterr().err
+    # gnnfuse was timed twice and the table showed the second timing alone, as if listed once
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench", "--dataset", "synthetic", "--frameworks", "gnnfuse,pyg,gnnfuse", "--steps", "1"])
+    assert exit_info.value.code == 2 and "frameworks lists 'gnnfuse' twice" in capsys.readouterr().err
 
 
 def test_plot_without_matplotlib_is_a_usage_error_before_any_timing(monkeypatch, capsys, tmp_path):

@@ -26,6 +26,9 @@ def run_bench(model: str = "gcn", dataset: str = "cora", device: str | torch.dev
     unknown = [f for f in frameworks if f not in KNOWN_FRAMEWORKS]
     if unknown or not frameworks:
         raise ValueError(f"frameworks must be a non-empty subset of {KNOWN_FRAMEWORKS}, got {list(frameworks)}")
+    repeated = next((f for n, f in enumerate(frameworks) if f in frameworks[:n]), None)
+    if repeated is not None:      # timed twice, the report keeping the last timing as the only one
+        raise ValueError(f"frameworks lists {repeated!r} twice, got {list(frameworks)}")
     if steps < 1:
         raise ValueError(f"steps must be at least 1, got {steps}")
     if warmup < 0:
