@@ -26,7 +26,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "CUDA, on (warn when not), off")
     parser.add_argument("--steps", type=int, default=20, help="timed training steps (default 20)")
     parser.add_argument("--warmup", type=int, default=5,
-                        help="untimed steps first (default 5; gnnfuse runs at least 3, compiled PyG 5 more)")
+                        help="untimed steps first (default 5; each framework runs at least 1, gnnfuse at least 3, "
+                             "compiled PyG 5 more)")
     parser.add_argument("--json", type=Path, help="also write the result as JSON here")
     parser.add_argument("--plot", type=Path, help="also draw a bar chart (PNG) here")
     parser.add_argument("--root", help=ROOT_HELP)
