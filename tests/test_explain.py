@@ -213,3 +213,41 @@ def test_a_source_side_table_of_a_bipartite_graph_is_counted_with_the_source_row
     assert (mul.traffic.reads, mul.traffic.writes) == (2 * 1000 * row, 1000 * row)
     [degree] = [s for s in program.forward.steps if not s.fused and s.item.op == "degree"]
     assert degree.traffic.writes == 10 * 8      # the destinations' in-degrees, int64
+
+
+def test_cli_explain_writes_dot_into_a_pipe_and_leaves_it_a_pipe(tmp_path, capsys):
+    """--dot /dev/stdout (or a named pipe) was replaced by a regular file -- the atomic
+    write renames a temporary file over the target, which as root replaces even
+    /dev/null -- and the reader got nothing; a folder the user cannot write (/dev) was
+    also refused up front. A device, pipe or socket is now written in place."""
+    import os
+    import stat
+    import threading
+    import time
+    pipe = tmp_path / "dot.fifo"
+    os.mkfifo(pipe)
+    fd = os.open(pipe, os.O_RDONLY | os.O_NONBLOCK)     # a reader, so the command's open does not block
+    received, done = [], threading.Event()
+
+    def read() -> None:        # drains the pipe as the command writes (its buffer is 64 KiB)
+        while True:
+            try:
+                chunk = os.read(fd, 1 << 16)
+            except BlockingIOError:
+                chunk = None
+            if chunk:
+                received.append(chunk)
+            elif done.is_set():
+                return
+            else:
+                time.sleep(0.01)
+    reader = threading.Thread(target=read)
+    reader.start()
+    try:
+        assert main(["explain", "--model", "gcn", "--dataset", "synthetic", "--dot", str(pipe)]) == 0
+    finally:
+        done.set()
+        reader.join()
+        os.close(fd)
+    assert stat.S_ISFIFO(os.stat(pipe).st_mode) and b"".join(received).startswith(b"digraph")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dot.fifo"]

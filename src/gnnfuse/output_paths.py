@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import stat
 import tempfile
 from pathlib import Path
 from typing import Any, Callable
@@ -39,6 +40,10 @@ def unwritable_output(outputs: dict[str, str | Path | None]) -> str | None:
         if path is None:
             continue
         resolved = Path(path).resolve()
+        if in_place(path):      # written where it is: its folder (/dev) need not be writable
+            if not os.access(path, os.W_OK):
+                return f"{flag} {path}: it cannot be written"
+            continue
         problem = folder_problem(resolved.parent)
         if problem is not None:
             return f"{flag} {path}: {problem}"
@@ -80,6 +85,18 @@ def replaced_outputs(outputs: dict[str, str | Path | None]) -> str | None:
     return f"note: {', '.join(existing)} {'exists and is' if len(existing) == 1 else 'exist and are'} replaced"
 
 
+def in_place(path: str | Path) -> bool:
+    """Whether ``path`` (followed through links) is a device, a pipe or a socket
+    (``/dev/stdout``, ``/dev/null``, a named pipe): written where it is, since renaming a
+    file over it would replace it -- a reader of the pipe got nothing, and as root
+    ``/dev/null`` became a regular file."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return False
+    return not (stat.S_ISREG(mode) or stat.S_ISDIR(mode))
+
+
 def write_atomically(path: str | Path, write: Callable[[Path], Any]) -> Path:
     """``write(tmp)`` to a temporary file beside ``path``, then rename it over ``path``.
 
@@ -89,8 +106,12 @@ def write_atomically(path: str | Path, write: Callable[[Path], Any]) -> Path:
     name keeps ``path``'s suffix, since image writers take the file type from it. A
     symbolic link is written through, and a file that exists keeps its permissions, as
     an in-place write did: not replaced by a file of the umask's mode (a group-writable
-    shared file, such as the tuned-schedule store, locked the group out)."""
+    shared file, such as the tuned-schedule store, locked the group out). A device, pipe
+    or socket is written in place (`in_place`)."""
     path = Path(path)
+    if in_place(path):
+        write(path)
+        return path
     target = Path(os.path.realpath(path))
     tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp{target.suffix}")
     try:
