@@ -120,6 +120,16 @@ def test_cli_explain_cuda_without_cuda_is_a_usage_error(capsys):
     assert exit_info.value.code == 2 and "CUDA is not available" in capsys.readouterr().err
 
 
+def test_cli_explain_cuda_without_cuda_is_refused_before_the_data_set_loads(monkeypatch, capsys):
+    """The check came after loading the data set: ogbn-products took minutes to read,
+    then the command said CUDA was not available (bench and tune check first)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr("gnnfuse.cli_explain.load_node_dataset", lambda *a: pytest.fail("loaded the data set"))
+    with pytest.raises(SystemExit) as exit_info:
+        main(["explain", "--device", "cuda", "--dataset", "synthetic"])
+    assert exit_info.value.code == 2 and "CUDA is not available" in capsys.readouterr().err
+
+
 def test_explain_counts_the_edge_parallel_schedule_by_its_own_byte_model(monkeypatch):
     """The same unit under the COO schedule gathers its own row per edge, reads both
     endpoint arrays and writes with one atomic read-modify-write per edge."""

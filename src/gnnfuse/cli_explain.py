@@ -63,12 +63,12 @@ def run_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
     problem = unwritable_output({"--dot": args.dot, "--graph": args.graph}) or drawing_problem(args.graph)
     if problem:
         parser.error(problem)
+    if args.device == "cuda" and not torch.cuda.is_available():     # before a data set that may take minutes
+        parser.error(f"--device cuda, but CUDA is not available to this torch ({torch.__version__})")
     try:
         dataset = load_node_dataset(args.dataset, args.root)
     except LOAD_ERRORS as error:
         parser.error(str(error))
-    if args.device == "cuda" and not torch.cuda.is_available():
-        parser.error(f"--device cuda, but CUDA is not available to this torch ({torch.__version__})")
     note = replaced_outputs({"--dot": args.dot, "--graph": args.graph})
     if note:
         print(note)
