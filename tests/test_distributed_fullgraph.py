@@ -111,12 +111,18 @@ def _step_case(rank: int, name: str, dtype: torch.dtype, kind: str, sparse: bool
     logits = net(shard.x)
     train = shard.masks[0]
     loss = F.cross_entropy(logits[train], shard.y[train], reduction="sum") / shard.split_sizes[0]
-    loss.backward()
+    total, grads = _summed_backward(loss, net_model)
+    return {"owned": shard.partition.owned, "logits": logits.detach(), "loss": total, "grads": grads}
+
+
+def _summed_backward(value: torch.Tensor, net_model: torch.nn.Module) -> tuple[torch.Tensor, dict]:
+    """Backward of this rank's share of ``value``, the parameters' gradients summed over
+    the ranks, and ``value`` summed over them: what one process computes on the whole."""
+    value.backward()
     all_reduce_gradients(net_model.parameters())
-    total = loss.detach().clone()
+    total = value.detach().clone()
     dist.all_reduce(total)
-    return {"owned": shard.partition.owned, "logits": logits.detach(), "loss": total,
-            "grads": {k: p.grad for k, p in net_model.named_parameters()}}
+    return total, {k: p.grad for k, p in net_model.named_parameters()}
 
 
 def _penalty_case(rank: int, kind: str) -> dict:
@@ -130,13 +136,8 @@ def _penalty_case(rank: int, kind: str) -> dict:
     train = shard.masks[0]
     loss = F.cross_entropy(net(x)[train], shard.y[train], reduction="sum") / shard.split_sizes[0]
     grad_x, = torch.autograd.grad(loss, x, create_graph=True)
-    penalty = grad_x.pow(2).sum()
-    penalty.backward()
-    all_reduce_gradients(net_model.parameters())
-    total = penalty.detach().clone()
-    dist.all_reduce(total)
-    return {"owned": shard.partition.owned, "grad_x": grad_x.detach(), "penalty": total,
-            "grads": {k: p.grad for k, p in net_model.named_parameters()}}
+    total, grads = _summed_backward(grad_x.pow(2).sum(), net_model)
+    return {"owned": shard.partition.owned, "grad_x": grad_x.detach(), "penalty": total, "grads": grads}
 
 
 def without_training_vertices() -> PreparedData:
