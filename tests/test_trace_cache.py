@@ -586,3 +586,29 @@ def test_a_remembered_guard_walk_is_redone_when_what_the_function_reads_changes(
         check(5.0, 7.0, offset=1.0)
     finally:
         SCALE = 2.0
+
+
+def test_a_closure_variable_not_yet_assigned_traces_until_it_is(graph, traces):
+    """A vertex function closing over a variable its enclosing function assigns later
+    (a helper defined after it, read on a branch not taken) runs eagerly; the guard walk
+    raised ``ValueError: Cell is empty`` on the empty cell instead."""
+    h = torch.randn(4, 3, dtype=torch.float64)
+
+    def make():
+        @gnnfuse.vertex
+        def f(v):
+            if use_helper:
+                return sum([helper(u) for u in v.innbs])
+            return sum([u.h for u in v.innbs])
+        use_helper = False
+        for _ in range(2):
+            torch.testing.assert_close(f(graph, {"h": h}), neighbour_sum(graph, h))
+        assert traces[0] == 2, "a function with an empty closure cell was cached"
+
+        def helper(u):
+            return u.h * 3.0
+        use_helper = True
+        for _ in range(2):
+            torch.testing.assert_close(f(graph, {"h": h}), 3.0 * neighbour_sum(graph, h))
+        assert traces[0] == 3
+    make()

@@ -286,8 +286,14 @@ def _function_state(fn: types.FunctionType, walk: _Walk, path: Path) -> Hashable
     env, closure, positional, keyword = fn.__globals__, fn.__closure__, fn.__defaults__, fn.__kwdefaults__
     globals_ = tuple([_freeze(env[name], walk, path + (("global", name),)) if name in env else _MISSING
                       for name in _global_names(fn.__code__) if name in env or not hasattr(builtins, name)])
-    cells = tuple([_freeze(cell.cell_contents, walk, path + (("cell", k),))
-                   for k, cell in enumerate(closure)]) if closure else ()
+    try:
+        cells = tuple([_freeze(cell.cell_contents, walk, path + (("cell", k),))
+                       for k, cell in enumerate(closure)]) if closure else ()
+    except ValueError:
+        # an empty cell: a variable of the enclosing function assigned after this one is made
+        # (a helper defined later, read on a branch not taken yet). Eager code runs while it
+        # is not read; uncacheable until it is filled, as pyg_message_passing's `_filled` does
+        raise _Uncacheable(f"{fn.__qualname__} closes over a variable not yet assigned") from None
     defaults = (tuple([_freeze(d, walk, path + (("default", i),)) for i, d in enumerate(positional)])
                 if positional else (),
                 tuple([(k, _freeze(d, walk, path + (("kwdefault", k),))) for k, d in keyword.items()])
