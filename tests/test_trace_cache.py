@@ -612,3 +612,40 @@ def test_a_closure_variable_not_yet_assigned_traces_until_it_is(graph, traces):
             torch.testing.assert_close(f(graph, {"h": h}), 3.0 * neighbour_sum(graph, h))
         assert traces[0] == 3
     make()
+
+
+def test_a_tensor_written_in_place_from_outside_the_arguments_is_written_on_every_call(graph, traces):
+    """A vertex function or message UDF that writes a global tensor in place (a call
+    counter, a weight decayed each call) runs the write once per call, as eager code
+    does: a kept trace ran it once, so after three calls the counter read 1 (0 for an
+    `UpdateAll` of the same functions, whose trace was already cached) and the decayed
+    weight kept its first value."""
+    calls = torch.zeros((), dtype=torch.float64)
+    weight = torch.ones(5, dtype=torch.float64)
+    h = torch.randn(4, 5, dtype=torch.float64)
+
+    @gnnfuse.vertex
+    def counted(v):
+        calls.add_(1)
+        return sum([u.h for u in v.innbs])
+
+    @gnnfuse.vertex
+    def decayed(v):
+        weight.mul_(0.5)
+        return sum([u.h * weight for u in v.innbs])
+
+    def message(edges):
+        calls.add_(1)
+        return {"m": edges.src["h"]}
+
+    def reduce(nodes):
+        return {"out": torch.sum(nodes.mailbox["m"], dim=1)}
+    update_all = frontend.UpdateAll(message, reduce)
+    for run in (lambda: counted(graph, {"h": h}), lambda: gnnfuse.message_passing(graph, message, reduce, ndata={"h": h}),
+                lambda: update_all(graph, ndata={"h": h})):
+        calls.zero_()
+        for _ in range(3):
+            run()
+        assert calls.item() == 3
+    for scale in (0.5, 0.25, 0.125):
+        torch.testing.assert_close(decayed(graph, {"h": h}), scale * neighbour_sum(graph, h))

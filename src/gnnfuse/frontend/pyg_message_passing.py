@@ -62,7 +62,7 @@ from ..ir import CompileError, Residency
 from ..runtime.compiled import read_back_by_backward
 from .kept_traced import KeptTraced, containers_within, contents, from_library, holds_traced, restore, same_contents
 from .module_hooks import registered_hooks
-from .trace_cache import _SCALARS, TraceCache, _global_names, outside_writes, program_feeds
+from .trace_cache import _SCALARS, TraceCache, _global_names, changed_values, outside_writes, program_feeds
 from .tracer import EDGE_ROWED, RowCount, SymTensor, Tracer
 
 # The aggregation modules PyG's ``aggr`` strings resolve to that the IR computes exactly
@@ -579,7 +579,7 @@ def _in_place_writes_checked(layer: PyGMessagePassing, message: types.FunctionTy
         traced = True
     finally:
         written = [(tensor, copy) for tensor, version, copy in held.values()
-                   if (tensor._version != version if version is not None else _changed(tensor, copy))]
+                   if (tensor._version != version if version is not None else changed_values(tensor, copy))]
         if written and not traced:
             with torch.no_grad():
                 for tensor, copy in written:
@@ -611,13 +611,6 @@ def _hook_writes_checked(layer: PyGMessagePassing) -> Iterator[None]:
                 stored = error
     if stored is not None:
         raise NotCompilable(f"a forward hook of a module message() calls: {stored}")
-
-
-def _changed(tensor: torch.Tensor, copy: torch.Tensor) -> bool:
-    """Whether ``tensor`` no longer holds ``copy``'s values (a NaN kept in place is unchanged)."""
-    if torch.equal(tensor, copy):
-        return False
-    return not (tensor.is_floating_point() and bool(torch.isclose(tensor, copy, rtol=0, atol=0, equal_nan=True).all()))
 
 
 def _tensors_reached(layer: PyGMessagePassing, message: types.FunctionType) -> Iterator[torch.Tensor]:

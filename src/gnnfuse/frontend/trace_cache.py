@@ -358,6 +358,36 @@ def _wrote_state(functions: tuple[Callable | None, ...], before: Hashable) -> bo
     return after is None or after[0] != before
 
 
+def _versions(tensors: list[tuple[Path, torch.Tensor]]) -> list[tuple[torch.Tensor, int | torch.Tensor]]:
+    """Each tensor the guard walk reached (a global, a closure variable, a module's
+    parameter or buffer) with its version counter, which every in-place op bumps -- or,
+    for an inference tensor, which has none, a copy of its values -- for `_written`."""
+    return [(t, t.clone() if t.is_inference() else t._version) for _, t in tensors]
+
+
+def _written(versions: list[tuple[torch.Tensor, int | torch.Tensor]]) -> bool:
+    """Whether the trace wrote in place a tensor the traced functions reach from outside
+    their arguments (``calls.add_(1)``, ``W.mul_(0.5)`` on a global, an ``Embedding``
+    with ``max_norm`` renormalising its weight). The trace ran the write once, on the real
+    tensor; a cached program skips the code, so the write stopped: a counter read 1 after
+    three calls, a decayed weight kept its first value. Such code traces on every call,
+    as the PyG front end's does (pyg_message_passing's ``_in_place_writes_checked``)."""
+    for t, before in versions:
+        if isinstance(before, int):
+            if t._version != before:
+                return True
+        elif changed_values(t, before):
+            return True
+    return False
+
+
+def changed_values(tensor: torch.Tensor, copy: torch.Tensor) -> bool:
+    """Whether ``tensor`` no longer holds ``copy``'s values (a NaN kept in place is unchanged)."""
+    if torch.equal(tensor, copy):
+        return False
+    return not (tensor.is_floating_point() and bool(torch.isclose(tensor, copy, rtol=0, atol=0, equal_nan=True).all()))
+
+
 def guard_key(functions: tuple[Callable | None, ...]) -> Hashable | None:
     """The guard part of the key for tracing ``functions`` (see `_guards`), or None."""
     found = _guards(functions)
@@ -607,6 +637,7 @@ class TraceCache:
         # the generators' states only where the trace may be kept: a function that cannot be
         # cached (key None) traces on every call, and reading them would be its cost alone
         reads, before = _ValueReads(), None if key is None else random_states()
+        versions = None if key is None else _versions(found[1])
         kept = KeptTraced(functions)    # what the trace may leave a traced value in
         outer, self.side_effects = self.side_effects, False
         try:
@@ -627,6 +658,8 @@ class TraceCache:
         if key is not None and random_states() != before:   # a draw `_IMPURE` does not name (rsample, bernoulli_)
             key = None
         if key is not None and _wrote_state(functions, found[0]):
+            key = None
+        if key is not None and _written(versions):      # ``counter.add_(1)`` on a global: once per call
             key = None
         with outside_autocast(tracer.autocast):     # the passes' torch ops compute in the program's dtypes
             compiled = compiled_for(tracer.program)
