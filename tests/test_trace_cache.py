@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import random
+import sys
 from random import random as draw_uniform
 
 import numpy
@@ -649,3 +650,38 @@ def test_a_tensor_written_in_place_from_outside_the_arguments_is_written_on_ever
         assert calls.item() == 3
     for scale in (0.5, 0.25, 0.125):
         torch.testing.assert_close(decayed(graph, {"h": h}), scale * neighbour_sum(graph, h))
+
+
+def test_a_module_imported_inside_the_function_is_read_on_every_call(graph, traces, monkeypatch):
+    """``from config import SCALE`` (or ``import config; config.SCALE``) inside a vertex
+    function or message UDF reads a module attribute that no global or closure cell of
+    the function holds: the guard walk did not see it, and after ``config.SCALE = 3.0``
+    the cached program still gave 2x the sum. Such a function now traces on every call."""
+    import types as types_module
+    config = types_module.ModuleType("gnnfuse_test_config")
+    config.SCALE = 2.0
+    monkeypatch.setitem(sys.modules, "gnnfuse_test_config", config)
+
+    @gnnfuse.vertex
+    def imported_name(v):
+        from gnnfuse_test_config import SCALE
+        return sum([u.h * SCALE for u in v.innbs])
+
+    @gnnfuse.vertex
+    def imported_module(v):
+        import gnnfuse_test_config
+        return sum([u.h * gnnfuse_test_config.SCALE for u in v.innbs])
+
+    def message(edges):
+        import gnnfuse_test_config as settings
+        return {"m": edges.src["h"] * settings.SCALE}
+
+    def reduce(nodes):
+        return {"out": torch.sum(nodes.mailbox["m"], dim=1)}
+    h = torch.randn(4, 5, dtype=torch.float64)
+    for scale in (2.0, 3.0, 5.0):
+        config.SCALE = scale
+        expected = scale * neighbour_sum(graph, h)
+        torch.testing.assert_close(imported_name(graph, {"h": h}), expected)
+        torch.testing.assert_close(imported_module(graph, {"h": h}), expected)
+        torch.testing.assert_close(gnnfuse.message_passing(graph, message, reduce, ndata={"h": h})["out"], expected)

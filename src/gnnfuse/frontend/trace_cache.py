@@ -39,7 +39,8 @@ the program as a constant, so code that calls a function of that name (``_IMPURE
 is traced on every call and draws anew, as eager code would -- and so is any trace that
 moved a random generator's state (`random_states`: a draw inside library code); so is
 code that reads its namespace by name (``globals()['NAME']``, ``vars()``, ``eval``),
-which the guard walk cannot follow, and code that writes a global or closure variable
+or imports a module of the user's (``from config import SCALE`` inside the function:
+`user_import`), which the guard walk cannot follow, and code that writes a global or closure variable
 (`outside_writes`), whose write a cached program would skip, or whose trace changed an
 attribute its key snapshots (`_wrote_state`). A ``functools.partial``
 UDF is guarded by its function and bound
@@ -143,6 +144,26 @@ def impure_name(code: types.CodeType) -> str | None:
             return ins.argval
     return next((name for const in code.co_consts if isinstance(const, types.CodeType)
                  for name in [impure_name(const)] if name), None)
+
+
+@functools.lru_cache(maxsize=1024)
+def user_import(code: types.CodeType, module: str | None = None) -> str | None:
+    """The first module outside the libraries (``_LIBRARIES``, PyG) that ``code`` (or code
+    nested in it) imports: ``from config import SCALE`` or ``import config; config.SCALE``
+    inside the function reads a module attribute no global or closure cell holds, so the
+    guard walk never saw it, and a cached program kept the value of its trace (2x the sum
+    after ``config.SCALE = 3.0``). A relative import is named by its dots; it is a
+    library's own where ``module`` (the code's module, by name) is a library's."""
+    if _from_library(module, ("torch_geometric",)):
+        return None
+    level = 0
+    for ins in dis.get_instructions(code):
+        if ins.opname == "LOAD_CONST" and isinstance(ins.argval, int):
+            level = ins.argval      # IMPORT_NAME's level, pushed just before its fromlist
+        elif ins.opname == "IMPORT_NAME" and (level or not _from_library(ins.argval, ("torch_geometric",))):
+            return "." * level + ins.argval
+    return next((name for const in code.co_consts if isinstance(const, types.CodeType)
+                 for name in [user_import(const)] if name), None)
 
 
 # Where a guarded value was found, step by step from the traced functions: ("fn", i),
@@ -261,8 +282,9 @@ def _freeze_plain(value: Any, walk: _Walk, path: Path) -> Hashable:
     return _freeze(value, walk, path)
 
 
-def _from_library(module_name: str | None) -> bool:
-    return (module_name or "").split(".")[0] in _LIBRARIES
+def _from_library(module_name: str | None, more: tuple[str, ...] = ()) -> bool:
+    top = (module_name or "").split(".")[0]
+    return top in _LIBRARIES or top in more
 
 
 def _function_state(fn: types.FunctionType, walk: _Walk, path: Path) -> Hashable:
@@ -272,6 +294,9 @@ def _function_state(fn: types.FunctionType, walk: _Walk, path: Path) -> Hashable
     walk.seen.add(id(fn))
     if impure_name(fn.__code__):
         raise _Uncacheable(f"{fn.__qualname__} calls {impure_name(fn.__code__)}")
+    imported = user_import(fn.__code__, fn.__globals__.get("__name__"))
+    if imported:
+        raise _Uncacheable(f"{fn.__qualname__} imports {imported}")
     written = outside_writes(fn.__code__)
     if written:
         raise _Uncacheable(f"{fn.__qualname__} writes the {written[0][0]} {written[0][1]!r}")
