@@ -642,7 +642,8 @@ def test_a_tensor_written_in_place_from_outside_the_arguments_is_written_on_ever
     def reduce(nodes):
         return {"out": torch.sum(nodes.mailbox["m"], dim=1)}
     update_all = frontend.UpdateAll(message, reduce)
-    for run in (lambda: counted(graph, {"h": h}), lambda: gnnfuse.message_passing(graph, message, reduce, ndata={"h": h}),
+    for run in (lambda: counted(graph, {"h": h}),
+                lambda: gnnfuse.message_passing(graph, message, reduce, ndata={"h": h}),
                 lambda: update_all(graph, ndata={"h": h})):
         calls.zero_()
         for _ in range(3):
@@ -685,3 +686,20 @@ def test_a_module_imported_inside_the_function_is_read_on_every_call(graph, trac
         torch.testing.assert_close(imported_name(graph, {"h": h}), expected)
         torch.testing.assert_close(imported_module(graph, {"h": h}), expected)
         torch.testing.assert_close(gnnfuse.message_passing(graph, message, reduce, ndata={"h": h})["out"], expected)
+
+
+def test_a_standard_library_module_imported_inside_the_function_keeps_it_cached(graph, traces):
+    """Only a user's module is read on every call (above): ``import itertools`` or
+    ``import collections`` inside a vertex function names no setting a user edits, and
+    such a function stays one trace."""
+    @gnnfuse.vertex
+    def with_stdlib_imports(v):
+        import collections
+        import itertools
+        del collections, itertools
+        return sum([u.h for u in v.innbs])
+
+    h = torch.randn(4, 5, dtype=torch.float64)
+    for _ in range(3):
+        torch.testing.assert_close(with_stdlib_imports(graph, {"h": h}), neighbour_sum(graph, h))
+    assert traces[0] == 1

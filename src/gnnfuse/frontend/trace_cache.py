@@ -146,6 +146,12 @@ def impure_name(code: types.CodeType) -> str | None:
                  for name in [impure_name(const)] if name), None)
 
 
+# Modules whose import inside a traced function keeps it cacheable: PyG and Python's
+# standard library (``import itertools`` there is no setting a user edits between calls;
+# counted as a user module, such a UDF traced on every call, slower and no more right)
+_IMPORTED_LIBRARIES = frozenset({"torch_geometric", *sys.stdlib_module_names})
+
+
 @functools.lru_cache(maxsize=1024)
 def user_import(code: types.CodeType, module: str | None = None) -> str | None:
     """The first module outside the libraries (``_LIBRARIES``, PyG) that ``code`` (or code
@@ -154,13 +160,13 @@ def user_import(code: types.CodeType, module: str | None = None) -> str | None:
     guard walk never saw it, and a cached program kept the value of its trace (2x the sum
     after ``config.SCALE = 3.0``). A relative import is named by its dots; it is a
     library's own where ``module`` (the code's module, by name) is a library's."""
-    if _from_library(module, ("torch_geometric",)):
+    if _from_library(module, _IMPORTED_LIBRARIES):
         return None
     level = 0
     for ins in dis.get_instructions(code):
         if ins.opname == "LOAD_CONST" and isinstance(ins.argval, int):
             level = ins.argval      # IMPORT_NAME's level, pushed just before its fromlist
-        elif ins.opname == "IMPORT_NAME" and (level or not _from_library(ins.argval, ("torch_geometric",))):
+        elif ins.opname == "IMPORT_NAME" and (level or not _from_library(ins.argval, _IMPORTED_LIBRARIES)):
             return "." * level + ins.argval
     return next((name for const in code.co_consts if isinstance(const, types.CodeType)
                  for name in [user_import(const)] if name), None)
@@ -282,7 +288,7 @@ def _freeze_plain(value: Any, walk: _Walk, path: Path) -> Hashable:
     return _freeze(value, walk, path)
 
 
-def _from_library(module_name: str | None, more: tuple[str, ...] = ()) -> bool:
+def _from_library(module_name: str | None, more: frozenset[str] = frozenset()) -> bool:
     top = (module_name or "").split(".")[0]
     return top in _LIBRARIES or top in more
 
