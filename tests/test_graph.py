@@ -537,6 +537,44 @@ def test_a_pickled_graph_takes_its_recipes_built():
     assert copy._cache["stored"] == "stored directly" and copy._cache["chained"] == ("built", 3, "chained")
 
 
+def _sage_twice_on_a_received_graph(queue, results):
+    """A worker: SAGEConv on the graph it receives, then again once told to; puts how far
+    apart the two outputs are (a number: tensors would need the worker alive to cross)."""
+    from gnnfuse.nn import SAGEConv
+    graph = queue.get(timeout=60)
+    torch.manual_seed(0)
+    conv, x = SAGEConv(4, 3).double(), torch.randn(graph.num_nodes, 4, dtype=torch.float64)
+    first = conv(x, graph).detach()
+    results.put("ran once")
+    queue.get(timeout=60)
+    results.put((first - conv(x, graph).detach()).abs().max().item())
+
+
+def test_a_graph_sent_to_another_process_is_its_own():
+    """A graph put on a ``torch.multiprocessing`` queue crossed with its tensors moved to
+    shared memory: the sender's in-place edit of ``dst`` reached the receiver's edges,
+    whose version counters (per process) never moved, so its cached layouts went stale
+    unseen: a SAGEConv there was 2.1 off its own first output and 2.3 off the edited
+    edges' (2.9 off here; a GCN silently kept the old edges). The receiver gets a copy instead."""
+    import torch.multiprocessing as mp
+    context = mp.get_context("fork")
+    queue, results = context.Queue(), context.Queue()
+    worker = context.Process(target=_sage_twice_on_a_received_graph, args=(queue, results))
+    worker.start()
+    try:
+        g = Graph(torch.tensor([0, 1, 2, 3, 4, 0, 2]), torch.tensor([1, 2, 3, 4, 0, 3, 1]), 5)
+        queue.put(g)
+        assert results.get(timeout=120) == "ran once"   # its layouts are built before the edit
+        g.dst[:3] = 0                                # the sender edits its graph in place
+        queue.put("again")
+        apart = results.get(timeout=120)
+    finally:
+        worker.join(30)
+        if worker.is_alive():
+            worker.kill()
+    assert apart == 0.0
+
+
 @pytest.mark.parametrize("write", [lambda g: g.in_degrees().clamp_(min=1), lambda g: g.csr().col.zero_(),
                                    lambda g: g.edge_index[0].fill_(0)], ids=["in_degrees", "csr", "edge_index"])
 def test_a_layout_written_in_place_by_its_caller_is_refused(write):

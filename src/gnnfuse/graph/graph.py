@@ -33,7 +33,9 @@ the seal.
 """
 from __future__ import annotations
 
+import pickle
 import weakref
+from multiprocessing.reduction import ForkingPickler
 from typing import Any, Callable, NamedTuple
 
 import numpy as np
@@ -899,6 +901,23 @@ class Graph:
 
 
 _UNPICKLED = ("_wrapper", "_wrapper_version", "_sealed", "_sealed_layouts", "_reads_recipe")
+
+
+def _sent_by_value(graph: Graph) -> tuple[Callable[[bytes], Graph], tuple[bytes]]:
+    """How a graph crosses to another process through ``multiprocessing`` (a
+    ``torch.multiprocessing`` queue, a spawned process's arguments): by value, as
+    ``pickle`` and ``torch.save`` take it. Left to torch's reducers, its tensors moved to
+    shared memory and the receiver read the sender's: an in-place edit in the sender
+    (``graph.dst[:3] = 0``) reached the receiver's edges without moving their version
+    counters (one per process), so `check_unchanged` could not see it and the layouts the
+    receiver had cached described other edges (a SAGEConv there 2.1 off its own first
+    output and 2.3 off the edited edges', silently). Loader batches do not come this way:
+    they are packed into one buffer the sending worker never writes (`loader.packing`)."""
+    return pickle.loads, (pickle.dumps(graph, protocol=pickle.HIGHEST_PROTOCOL),)
+
+
+ForkingPickler.register(Graph, _sent_by_value)
+
 # the cache keys of the layouts `Graph`'s public methods return (`_seal_layout`), each with
 # the public spelling that hands it out, for the error naming it: ``csr().col`` is the
 # ``csr_rows`` layout's tensor, and the error said a write to "Graph.csr_rows", no method
