@@ -92,3 +92,38 @@ def test_activations_treat_nan_like_torch(name, backend, monkeypatch):
     out.sum().backward()
     expected.sum().backward()
     torch.testing.assert_close(xa.grad, xb.grad, equal_nan=True)
+
+
+
+@pytest.mark.parametrize("backend", ["reference", "triton"])
+def test_max_gradients_survive_a_lossy_saved_tensor_hook(backend, monkeypatch):
+    """A saved-tensor hook that keeps float64 tensors as float32 (activation compression)
+    handed EdgeConv's backward the saved ``nn`` product and the saved maximum each rounded
+    on its own: the tanh it recomputed from the rounded product matched no rounded
+    maximum, so every in-edge's gradient was 0 / 0 = NaN (40 of 40 input gradients), where
+    PyG's EdgeConv under the same hook is within float32's rounding of the exact one."""
+    pyg_nn = pytest.importorskip("torch_geometric.nn")
+    import gnnfuse.nn
+    monkeypatch.setenv("GNNFUSE_BACKEND", backend)
+    gen = torch.Generator().manual_seed(0)
+    edge_index = torch.randint(0, 10, (2, 30), generator=gen).to(DEVICE)
+    x = torch.randn(10, 4, dtype=torch.float64, generator=gen).to(DEVICE)
+    layers = []
+    for lib in (pyg_nn, gnnfuse.nn):
+        torch.manual_seed(1)
+        mlp = torch.nn.Sequential(torch.nn.Linear(8, 3), torch.nn.Tanh())
+        layers.append(lib.EdgeConv(mlp, aggr="max").double().to(DEVICE))
+
+    def pack(t: torch.Tensor):
+        return t.dtype, t.float() if t.dtype == torch.float64 else t
+
+    grads = []
+    for layer in layers:
+        xa = x.clone().requires_grad_()
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda packed: packed[1].to(packed[0])):
+            out = layer(xa, edge_index)
+        (out * torch.linspace(-1, 1, out.numel(), dtype=out.dtype, device=out.device).view_as(out)).sum().backward()
+        grads.append([xa.grad] + [p.grad for p in layer.parameters()])
+    for theirs, ours in zip(*grads):
+        assert not ours.isnan().any()
+        torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-6)

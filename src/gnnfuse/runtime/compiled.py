@@ -834,6 +834,10 @@ def _check_second_derivative(compiled: CompiledProgram, backward: BackwardProgra
     else:
         made = {v.op + (f"[{v.attrs['op']}]" if "op" in v.attrs else ""): v.source
                 for v in backward.saved if v.op != "input" and _reads_an_input(v)}
+        # a max's or min's extreme, taken again in the backward to find its arg-extreme
+        # edges (ir/ops/movement.py): its ties' count divides by 0 on rows without edges
+        made.update({f"reduce[{v.attrs['op']}]": v.source for v in backward.program.values
+                     if v.op == "reduce" and v.attrs["op"] in ("max", "min")})
         if not made:
             return
         shown = sorted(op if layer is not None or not where else f"{op} at {where}" for op, where in made.items())

@@ -143,10 +143,17 @@ def _reduce_derivative(b, v, g):
     # = NaN, as torch's scatter_reduce("amax") backward (PyG's max) gives. Rows without
     # edges also divide by 0, but no edge reads their quotient. The edges' values are the
     # forward's own bits (`fwd_exact`): the hits and their count are compared in two kernels.
+    # The extreme they are compared with is taken again from those very values, not read
+    # from the forward's saved result: a saved-tensor hook that stores tensors lossily
+    # (torch.autograd.graph.saved_tensors_hooks casting them to float32) hands back the
+    # saved maximum and the saved input of a recomputed tanh rounded apart, so no edge
+    # equalled its row's maximum and every gradient was 0 / 0 = NaN (an EdgeConv under max).
+    # (Differentiated again it would be wrong: runtime.compiled._check_second_derivative
+    # refuses a backward holding this reduction.)
     x = b.fwd_exact(v.inputs[0])
     if x.dtype in _STORED_AS:       # the forward stored its maximum rounded; compare rounded values
         x = b.add(_STORED_AS[x.dtype], x)
-    hit = b.add("eq", x, b.add("broadcast", b.fwd(v), by=by))
+    hit = b.add("eq", x, b.add("broadcast", b.add("reduce", x, op=op, by=by), by=by))
     ties = b.add("reduce", hit, op="sum", by=by)
     return [b.add("mul", b.add("broadcast", b.add("div", g, ties), by=by), hit)]
 
