@@ -112,7 +112,10 @@ def test_max_gradients_survive_a_lossy_saved_tensor_hook(backend, monkeypatch):
     for lib in (pyg_nn, gnnfuse.nn):
         torch.manual_seed(1)
         mlp = torch.nn.Sequential(torch.nn.Linear(8, 3), torch.nn.Tanh())
-        layers.append(lib.EdgeConv(mlp, aggr="max").double().to(DEVICE))
+        layers.append(torch.nn.Sequential(lib.EdgeConv(mlp, aggr="max").double().to(DEVICE)))
+        # and a max of gathered features, which compares them with the saved maximum
+        torch.manual_seed(2)
+        layers[-1].append(lib.SAGEConv(3, 2, aggr="max").double().to(DEVICE))
 
     def pack(t: torch.Tensor):
         return t.dtype, t.float() if t.dtype == torch.float64 else t
@@ -121,7 +124,7 @@ def test_max_gradients_survive_a_lossy_saved_tensor_hook(backend, monkeypatch):
     for layer in layers:
         xa = x.clone().requires_grad_()
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda packed: packed[1].to(packed[0])):
-            out = layer(xa, edge_index)
+            out = layer[1](layer[0](xa, edge_index), edge_index)
         (out * torch.linspace(-1, 1, out.numel(), dtype=out.dtype, device=out.device).view_as(out)).sum().backward()
         grads.append([xa.grad] + [p.grad for p in layer.parameters()])
     for theirs, ours in zip(*grads):

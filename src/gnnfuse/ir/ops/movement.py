@@ -131,6 +131,11 @@ def _slotted_sum(x: torch.Tensor, index: torch.Tensor, rows: int) -> torch.Tenso
 _STORED_AS = {torch.float16: "stored_float16", torch.bfloat16: "stored_bfloat16"}
 
 
+def _gathered_input(value) -> bool:
+    """Whether ``value`` is an input's rows as they are, or gathered per edge."""
+    return value.op == "input" or (value.op == "broadcast" and value.inputs[0].op == "input")
+
+
 def _reduce_derivative(b, v, g):
     by, op = v.attrs["by"], v.attrs["op"]
     if op == "sum":
@@ -143,17 +148,21 @@ def _reduce_derivative(b, v, g):
     # = NaN, as torch's scatter_reduce("amax") backward (PyG's max) gives. Rows without
     # edges also divide by 0, but no edge reads their quotient. The edges' values are the
     # forward's own bits (`fwd_exact`): the hits and their count are compared in two kernels.
-    # The extreme they are compared with is taken again from those very values, not read
-    # from the forward's saved result: a saved-tensor hook that stores tensors lossily
+    # Where the edges' values are computed (not an input's rows gathered), the extreme
+    # they are compared with is taken again from those very values, not read from the
+    # forward's saved result: a saved-tensor hook that stores tensors lossily
     # (torch.autograd.graph.saved_tensors_hooks casting them to float32) hands back the
     # saved maximum and the saved input of a recomputed tanh rounded apart, so no edge
     # equalled its row's maximum and every gradient was 0 / 0 = NaN (an EdgeConv under max).
-    # (Differentiated again it would be wrong: runtime.compiled._check_second_derivative
-    # refuses a backward holding this reduction.)
+    # Gathered input rows and the saved maximum are rounded alike (a maximum is one of
+    # them), so they keep the saved one: a max of features (SAGE) takes no third kernel.
+    # (Differentiated again the retaken extreme would be wrong:
+    # runtime.compiled._check_second_derivative refuses a backward holding it.)
     x = b.fwd_exact(v.inputs[0])
     if x.dtype in _STORED_AS:       # the forward stored its maximum rounded; compare rounded values
         x = b.add(_STORED_AS[x.dtype], x)
-    hit = b.add("eq", x, b.add("broadcast", b.add("reduce", x, op=op, by=by), by=by))
+    extreme = b.fwd(v) if _gathered_input(v.inputs[0]) else b.add("reduce", x, op=op, by=by)
+    hit = b.add("eq", x, b.add("broadcast", extreme, by=by))
     ties = b.add("reduce", hit, op="sum", by=by)
     return [b.add("mul", b.add("broadcast", b.add("div", g, ties), by=by), hit)]
 
