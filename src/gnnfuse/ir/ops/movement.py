@@ -251,10 +251,7 @@ def _degree_residency(rs, attrs):
     return REDUCE_TO[attrs["by"]]
 
 
-# a copy even in the graph's own int64: the counts are the graph's cached layout, and a
-# program returning them (a vertex function's ``len(v.innbs)``) handed that layout to the
-# caller, whose ``d.add_(1)`` then made every later call on the graph raise GraphModifiedError
-register(OpDef("degree", Movement.REDUCE, lambda ctx, by, dtype: ctx.degree(by).to(dtype, copy=True),
+register(OpDef("degree", Movement.REDUCE, lambda ctx, by, dtype: ctx.degree(by).to(dtype),
                residency=_degree_residency, shape=lambda inputs, a, r: ((), a["dtype"]), arity=0,
                doc="how many index entries each row owns: in-degree (by='dst'), out-degree "
                    "(by='src'), edges per type (etype/srctype/dsttype), vertices per type (ntype)",
