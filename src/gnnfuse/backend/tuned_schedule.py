@@ -171,15 +171,25 @@ def _schedule(record: Any) -> ForcedSchedule:
     return schedule
 
 
+# what reading a file as a store may raise (RecursionError: json's, for arrays nested too deep)
+_UNREADABLE = (OSError, ValueError, RecursionError)
+
+
+def _table(path: Path) -> dict[str, Any]:
+    """The file's JSON object, which holds an entries table; one of `_UNREADABLE` if not."""
+    data = json.loads(path.read_text())
+    if not isinstance(data, dict) or not isinstance(data.get("entries"), dict):
+        raise ValueError("no 'entries' table")
+    return data
+
+
 def _parsed(path: Path, warn: Callable[[str], None]) -> dict[str, tuple[Any, ForcedSchedule]]:
     """The file's entries of the current stamp that hold a schedule, each as (its record,
     its schedule); {} for an unreadable or stale file. ``warn`` is told why a file or an
     entry is ignored (`_read` warns; `store`, merging into the file, need not)."""
     try:
-        data = json.loads(path.read_text())
-        if not isinstance(data, dict) or not isinstance(data.get("entries"), dict):
-            raise ValueError("no 'entries' table")
-    except (OSError, ValueError, RecursionError) as error:    # (json's, for arrays nested too deep)
+        data = _table(path)
+    except _UNREADABLE as error:
         warn(f"gnnfuse: ignoring the tuned-schedule cache {path} ({error}); the backends use their "
              "cost rules (remove it and run `gnnfuse tune` to rebuild it)")
         return {}
@@ -203,14 +213,11 @@ def foreign_file(path: Path) -> str | None:
     result, which `store` replaced after the whole search, its content lost. A store of
     another stamp is one, and is replaced (its choices were for other kernels)."""
     try:
-        if not path.is_file() or path.stat().st_size == 0:
+        if not path.is_file() or path.stat().st_size == 0 or "stamp" in _table(path):
             return None
-        data = json.loads(path.read_text())
-        if isinstance(data, dict) and "stamp" in data and isinstance(data.get("entries"), dict):
-            return None
-        why = "no stamp and entries table"
-    except (OSError, ValueError, RecursionError) as error:
-        why = f"it does not parse as JSON: {error}"
+        why = "no stamp"
+    except _UNREADABLE as error:
+        why = f"it does not read as one: {error}"
     return (f"{path} is not a store of tuned choices ({why}), and storing the choices would replace it: set "
             f"${PATH_ENV} to another file, or remove it if it is a damaged store")
 
