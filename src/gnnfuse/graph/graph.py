@@ -665,6 +665,17 @@ class Graph:
                 self._seal_layout(key)
         return self._cache[key]
 
+    def cached_tensors(self) -> list[torch.Tensor]:
+        """Every tensor the graph keeps memoised (`cached`: its layouts, degrees, norms),
+        built so far: what a program may hand back as it is (runtime/compile_op.py copies
+        such an output, which the caller may write in place)."""
+        held = []
+        for value in self._cache.values():
+            for item in value if isinstance(value, (tuple, list)) else (value,):
+                if isinstance(item, torch.Tensor):
+                    held.append(item)
+        return held
+
     def __getstate__(self) -> dict[str, Any]:
         """A graph pickled (sent to another process: a loader worker's batch) takes its
         `build_later` recipes built first: they are closures, which cannot travel, and

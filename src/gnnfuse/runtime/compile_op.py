@@ -103,7 +103,7 @@ class GraphRef(NamedTuple):
 @torch.library.custom_op("gnnfuse::in_degrees", mutates_args=())
 def _degree_op(steps: str, num_nodes: int, num_src_nodes: int, edges: list[torch.Tensor],
                dtype: torch.dtype) -> torch.Tensor:
-    # a copy even in int64: the cached layout is no output to hand out (`_graph_held`)
+    # a copy even in int64: the cached layout is no output to hand out (`Graph.cached_tensors`, `_run_op`)
     return _built_graph(edges, num_nodes, num_src_nodes, steps).in_degrees().to(dtype, copy=True)
 
 
@@ -265,21 +265,11 @@ def _run_op(program: str, steps: str, num_nodes: int, num_src_nodes: int, edges:
     graph = _built_graph(edges, num_nodes, num_src_nodes, steps)
     keys, tensors = _program_inputs(compiled, graph, feeds)
     outputs, _, _ = _run_forward(compiled, GraphContext(graph), keys, tensors, None)
-    return _unaliased(outputs, [*feeds, *_graph_held(graph)])
-
-
-def _graph_held(graph: Graph) -> list[torch.Tensor]:
-    """The tensors ``graph`` keeps in its cache (its layouts), which a program may return
-    as they are: a vertex function returning ``len(v.innbs)`` gives the cached in-degrees.
-    An operator's output is the caller's to write, and inductor writes in place without
-    moving a version counter: ``d.add_(1)`` on such an output raised the graph's cached
-    in-degrees by 1 per compiled call (2, then 3 where the degree was 1)."""
-    held = []
-    for value in graph._cache.values():
-        for item in value if isinstance(value, (tuple, list)) else (value,):
-            if isinstance(item, torch.Tensor):
-                held.append(item)
-    return held
+    # nor what the graph keeps: a program may return a layout as it is (a vertex function
+    # returning ``len(v.innbs)`` gives the cached in-degrees), and inductor writes an
+    # operator's output in place without moving a version counter: ``d.add_(1)`` on it
+    # raised the graph's cached in-degrees by 1 per compiled call (2, then 3 where it was 1)
+    return _unaliased(outputs, [*feeds, *graph.cached_tensors()])
 
 
 def _unaliased(outputs, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
