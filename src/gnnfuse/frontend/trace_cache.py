@@ -40,10 +40,10 @@ is traced on every call and draws anew, as eager code would -- and so is any tra
 moved a random generator's state (`random_states`: a draw inside library code); so is
 code that reads its namespace by name (``globals()['NAME']``, ``vars()``, ``eval``),
 or imports a module of the user's (``from config import SCALE`` inside the function:
-`user_import`), which the guard walk cannot follow, and code that writes a global or closure variable
-(`outside_writes`), whose write a cached program would skip, or whose trace changed an
-attribute its key snapshots (`_wrote_state`). A ``functools.partial``
-UDF is guarded by its function and bound
+`user_import`), which the guard walk cannot follow, and code that writes a global or
+closure variable (`outside_writes`) or a tensor it reaches in place (`_written`), whose
+write a cached program would skip, or whose trace changed an attribute its key snapshots
+(`_wrote_state`). A ``functools.partial`` UDF is guarded by its function and bound
 arguments; bound methods, ``nn.Module`` UDFs and other callable objects hold state
 of their own and are traced on every call.
 
@@ -154,10 +154,10 @@ _IMPORTED_LIBRARIES = frozenset({"torch_geometric", *sys.stdlib_module_names})
 
 @functools.lru_cache(maxsize=1024)
 def user_import(code: types.CodeType, module: str | None = None) -> str | None:
-    """The first module outside the libraries (``_LIBRARIES``, PyG) that ``code`` (or code
-    nested in it) imports: ``from config import SCALE`` or ``import config; config.SCALE``
-    inside the function reads a module attribute no global or closure cell holds, so the
-    guard walk never saw it, and a cached program kept the value of its trace (2x the sum
+    """The first module outside the libraries (``_LIBRARIES``, `_IMPORTED_LIBRARIES`)
+    that ``code`` (or code nested in it) imports: ``from config import SCALE`` or
+    ``import config; config.SCALE`` inside the function reads a module attribute no global
+    or closure cell holds, so the guard walk never saw it, and a cached program kept the value of its trace (2x the sum
     after ``config.SCALE = 3.0``). A relative import is named by its dots; it is a
     library's own where ``module`` (the code's module, by name) is a library's."""
     if _from_library(module, _IMPORTED_LIBRARIES):
