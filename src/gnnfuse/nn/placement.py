@@ -214,9 +214,19 @@ def kernel_times(graph: Any, aggregate: Callable, f_in: int, f_out: int, input_g
     ``graph`` (a block): the matmul on the destinations and on the sources, the
     aggregation at width ``f_in`` and at ``f_out``. ``aggregate(graph, {"h": x})`` is the
     layer's compiled aggregation. ``repeats`` must be at least 1: with none, every time
-    was infinite and the fit silently gave an all-zero model."""
+    was infinite and the fit silently gave an all-zero model. The random inputs come from
+    a forked random state: drawn from the caller's, a seeded run that calibrated trained
+    on other initialisations and dropout masks than the same seed without calibrating."""
     if repeats < 1:
         raise ValueError(f"repeats must be at least 1 to time a kernel, got {repeats!r}")
+    device = graph.device
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        return _timed_kernels(graph, aggregate, f_in, f_out, input_grad, repeats)
+
+
+def _timed_kernels(graph: Any, aggregate: Callable, f_in: int, f_out: int, input_grad: bool,
+                   repeats: int) -> list[KernelTime]:
+    """`kernel_times` on the random state it forked."""
     device = graph.device
     n_src, n_dst, edges = graph.num_src_nodes, graph.num_dst_nodes, graph.num_edges
     weight = torch.randn(f_out, f_in, device=device, requires_grad=True)
