@@ -355,6 +355,19 @@ def test_bad_arguments_are_rejected():
         layer(torch.randn(5, 4), torch.tensor([[0, 4], [4, 0]]))
 
 
+def test_chebconv_default_lambda_max_from_negative_degrees_names_them():
+    """Weights summing to a negative degree make the "sym" Laplacian NaN (deg^-1/2), and
+    with it the default lambda_max: PyG's output is NaN everywhere, gnnfuse refuses, but
+    its hint blamed a graph without edges and told the user to pass lambda_max, which
+    would leave those rows NaN. The hint names the vertices, or the non-finite weight."""
+    edge_index = torch.tensor([[0, 1, 1, 2], [1, 0, 2, 1]])
+    conv = gnn.ChebConv(4, 4, K=2)
+    with pytest.raises(ValueError, match=r"vertices \[1\] have a negative degree"):
+        conv(torch.randn(3, 4), edge_index, torch.tensor([1.0, 1.0, -3.0, 1.0]))
+    with pytest.raises(ValueError, match=r"edge_weight\[2\] is inf"):
+        conv(torch.randn(3, 4), edge_index, torch.tensor([1.0, 1.0, float("inf"), 1.0]))
+
+
 @pytest.mark.parametrize("make", [lambda: gnn.APPNP(K=3, alpha=0.1), lambda: gnn.SGConv(4, 3, K=2),
                                   lambda: gnn.TAGConv(4, 3, K=2), lambda: gnn.ChebConv(4, 3, K=2),
                                   lambda: gnn.GCNConv(4, 3)], ids=["APPNP", "SGConv", "TAGConv", "ChebConv", "GCNConv"])

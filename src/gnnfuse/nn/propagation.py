@@ -444,6 +444,30 @@ def _weighted_laplacian(graph: Graph, edge_weight: torch.Tensor, normalization: 
     return loop_free, lambda_max, diag.unsqueeze(-1), off.unsqueeze(-1)
 
 
+def _default_lambda_max_hint(lam: torch.Tensor, graph: Graph, edge_weight: torch.Tensor | None,
+                             normalization: str | None) -> str:
+    """Why ChebConv's default lambda_max (twice the largest entry of ``L``) is not
+    positive. A NaN one comes from the weights, not from a graph without edges as the
+    only hint said: a non-finite weight, or under "sym" a vertex whose out-edge weights
+    sum to a negative degree (its deg^-1/2 is NaN), named."""
+    generic = (" (the default, twice the largest entry of L, is not positive: e.g. L = D - A of a graph "
+               "without edges; pass lambda_max)")
+    if not bool(lam.isnan().any()) or edge_weight is None:
+        return generic
+    weight = edge_weight.detach().reshape(-1)
+    if not bool(weight.isfinite().all()):
+        edge = int((~weight.isfinite()).nonzero()[0])
+        return f" (the default, twice the largest entry of L, is NaN: edge_weight[{edge}] is {weight[edge].item()})"
+    loop_free = graph.src != graph.dst
+    degree = weight.new_zeros(graph.num_nodes).index_add(0, graph.src[loop_free].long(), weight[loop_free])
+    negative = (degree < 0).nonzero().flatten()[:8].tolist()
+    if normalization != "sym" or not negative:
+        return generic
+    return (f" (the default, twice the largest entry of L, is NaN: normalization='sym' takes deg^-1/2 of each "
+            f"vertex's summed out-edge weights (self loops dropped), and vertices {negative} have a negative "
+            "degree; PyG's output is NaN then)")
+
+
 def _per_vertex_lambda_max(lambda_max: float | torch.Tensor, batch: torch.Tensor | None,
                            x: torch.Tensor) -> torch.Tensor:
     """lambda_max as a scalar tensor, or [N, 1] (each vertex's graph's) when a value per
@@ -527,8 +551,7 @@ class ChebConv(FixedAggregation, FixedFlow, OneLineRepr, NotScriptable, nn.Modul
             loop_free, default_lam, diag, off = _weighted_laplacian(graph, edge_weight, self.normalization, x.dtype)
         lam = _per_vertex_lambda_max(default_lam if lambda_max is None else lambda_max, batch, x)
         if not bool((lam > 0).all()):
-            hint = ("" if lambda_max is not None else " (the default, twice the largest entry of L, is not "
-                    "positive: e.g. L = D - A of a graph without edges; pass lambda_max)")
+            hint = "" if lambda_max is not None else _default_lambda_max_hint(lam, graph, edge_weight, self.normalization)
             raise ValueError(f"lambda_max must be positive, got {lam.detach().flatten()[:8].tolist()}{hint}")
         scale = 2.0 / lam
         vertex = {"diag": diag * scale - 1.0}
