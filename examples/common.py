@@ -36,9 +36,14 @@ def load() -> Data:
 
 
 def parse_epochs(description: str, default: int = 30) -> int:
+    """``--epochs``, at least 1: `train` reports the last epoch's accuracy, so with none it
+    failed on an unset variable after loading the data."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--epochs", type=int, default=default)
-    return parser.parse_args().epochs
+    epochs = parser.parse_args().epochs
+    if epochs < 1:
+        parser.error(f"--epochs must be at least 1, got {epochs}")
+    return epochs
 
 
 def accuracy(logits: torch.Tensor, y: torch.Tensor, mask: torch.Tensor) -> float:

@@ -21,3 +21,14 @@ def test_example_trains(name):
     assert "epoch   2" in done.stdout and "test accuracy" in done.stdout
     if name == "gat_message":
         assert "max |difference|" in done.stdout
+
+
+@pytest.mark.parametrize("epochs", ["0", "-3"])
+def test_example_refuses_no_epochs_by_name(epochs):
+    """With --epochs 0 the loop ran no epoch and then read the last epoch's logits, an
+    UnboundLocalError naming `logits`; it is a usage error naming the option."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(EXAMPLES.parent / "src"), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, str(EXAMPLES / "gat_vertex.py"), "--epochs", epochs], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2, done.stderr
+    assert "--epochs" in done.stderr and "at least 1" in done.stderr
