@@ -59,6 +59,26 @@ def test_an_output_computed_from_inputs_alone_is_a_copy(name, grad, backend, mon
         assert x.grad is not None
 
 
+@gnnfuse.vertex
+def _in_degree(v):
+    return {"d": len(v.innbs), "h": v.h}
+
+
+@pytest.mark.parametrize("backend", ON_HOST)
+def test_a_degree_output_is_not_the_graphs_cached_count(backend, monkeypatch):
+    """``len(v.innbs)`` returned as it is was the graph's cached in-degrees itself:
+    ``d.add_(1)`` on it wrote the count every layer on the graph reads, and the next
+    call raised GraphModifiedError blaming a write to ``Graph.in_degrees`` the user
+    never made (the compiled operator's copy is tested in test_torch_compile.py)."""
+    monkeypatch.setenv("GNNFUSE_BACKEND", backend)
+    graph, h = _graph(), torch.randn(4, 2)
+    for _ in range(3):
+        d = _in_degree(graph, {"h": h})["d"]
+        d.add_(1)
+        assert d.tolist() == [3, 2, 2, 2]
+    assert graph.in_degrees().tolist() == [2, 1, 1, 1]
+
+
 def test_an_edge_table_handed_to_gsddmm_is_not_written_through_its_output():
     e = torch.ones(5, 2)
     s = gsddmm(_graph(), None, edge=e)
@@ -81,6 +101,7 @@ def test_layer_programs_do_not_pay_for_the_check():
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(CompiledProgram, "__init__", recording)
         gnn.SAGEConv(4, 3)(x, ei).sum().backward()
+        gnn.GCNConv(4, 3)(x, ei).sum().backward()     # its norms come from degrees, aggregated
         gnnfuse.vertex(lambda v: v.h)(_graph(), {"h": torch.randn(4, 2)})     # a fresh trace
     flags = [p._may_alias for p in made]
     assert flags and flags[-1] and not any(flags[:-1]), flags

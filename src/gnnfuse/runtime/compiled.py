@@ -546,23 +546,26 @@ def _run_forward(compiled: CompiledProgram, graph_ctx: GraphContext, keys: tuple
             outputs, kept = execute(compiled.program, graph_ctx, dict(zip(keys, tensors)), keep)
     else:
         outputs, kept = execute(compiled.program, graph_ctx, dict(zip(keys, tensors)), keep)
-    if compiled._may_alias:
-        return _own_storage(tuple(outputs.values()), tensors), kept, execute
+    if compiled._may_alias:     # the graph's memoised layouts count as inputs: a degree output may be one
+        return _own_storage(tuple(outputs.values()), [*tensors, *graph_ctx.graph.cached_tensors()]), kept, execute
     return tuple(outputs.values()), kept, execute
 
 
 def _may_alias_inputs(program: Program) -> bool:
-    """Whether an output of ``program`` may share memory with an input or another output:
-    two outputs of one value, or an output computed from inputs by vertex- or edge-local
-    ops alone (no gather, scatter or aggregation), of which a backend may return the
-    input itself or a view of it (``return v.h``, a reshape, ``gsddmm(None, edge=e)``,
-    a cast to the same dtype). Such programs have their outputs checked (`_own_storage`)."""
+    """Whether an output of ``program`` may share memory with an input, another output
+    or what the graph keeps: two outputs of one value, or an output computed from inputs
+    or degrees by vertex- or edge-local ops alone (no gather, scatter or aggregation), of
+    which a backend may return the input itself or a view of it (``return v.h``, a
+    reshape, ``gsddmm(None, edge=e)``, a cast to the same dtype) or the graph's cached
+    degree count (``return len(v.innbs)``: written in place by the caller, every layer on
+    the graph would read the written counts). Such programs have their outputs checked
+    (`_own_storage`)."""
     outputs = list(program.outputs.values())
     if len({id(v) for v in outputs}) < len(outputs):
         return True
     local: dict[int, bool] = {}
     for value in program.values:       # in topological order
-        local[value.id] = value.op == "input" or (
+        local[value.id] = value.op in ("input", "degree") or (
             value.movement is Movement.DENSE and all(local.get(i.id, False) for i in value.inputs))
     return any(local.get(v.id, False) for v in outputs)
 
