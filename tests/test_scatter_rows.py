@@ -131,3 +131,42 @@ def test_the_target_order_is_remembered_while_the_index_is_unchanged(determinist
     scatter[0] = 1
     again = scatter_rows.target_order(scatter, 3)
     assert again.edges.tolist() == [1, 4, 0, 3, 2] and again.offsets.tolist() == [0, 2, 4, 5]
+
+
+def _kernel_signature(index: str) -> dict[str, str]:
+    """`_scatter_scaled_rows`' argument types with ``index`` (``*i32``/``*i64``) indices
+    and every size an int32 (as Triton specializes sizes below 2^31)."""
+    return {"table_ptr": "*fp32", "gather_ptr": index, "scatter_ptr": index, "scale_ptr": "*fp32",
+            "out_ptr": "*fp32", "E": "i32", "F": "i32", "stride_t": "i32", "stride_o": "i32",
+            "SCALED": "constexpr", "GATHER": "constexpr", "BLOCK_E": "constexpr", "BLOCK_F": "constexpr"}
+
+
+@pytest.mark.parametrize("gathered", [True, False])
+def test_int32_targets_address_their_rows_in_64_bits(gathered):
+    """The compact tables hand their edge-to-pair index over as int32 where the pairs fit
+    it (`compact.narrow_index`); the kernel multiplied each loaded target by the row
+    width in int32, so once ``out`` held 2^31 elements (16.8M pairs of 128 features, a
+    products-sized graph's vertices at 1024) the adds went to another row, or out of
+    bounds. Compiled for an sm_90 GPU (no GPU needed), no loaded index is multiplied in
+    32 bits; `test_a_table_past_2_to_the_32_elements_gets_its_rows_on_a_gpu` shows it."""
+    from offset_widths import narrow_index_products, triton_ir
+    for index in ("*i32", "*i64"):
+        ir = triton_ir(scatter_rows._scatter_scaled_rows, _kernel_signature(index),
+                       {"SCALED": True, "GATHER": gathered, "BLOCK_E": 32, "BLOCK_F": 128})
+        assert narrow_index_products(ir) == []
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="a 17 GB output table: GPU only")
+def test_a_table_past_2_to_the_32_elements_gets_its_rows_on_a_gpu():
+    """Pairs of 128 features past row 2^25 (``out`` of 2^32 + 1024 float32 elements,
+    17.2 GB): an int32 target of row 2^25 + 1 times 128 wrapped to row 1 before the
+    targets were widened, silently; each row now gets its own edges' sums."""
+    width, rows = 128, (1 << 25) + 8
+    table = torch.arange(3 * width, dtype=torch.float32, device="cuda").reshape(3, width)
+    scatter = torch.tensor([rows - 7, rows - 1, 2], dtype=torch.int32, device="cuda")     # 2^25 + 1, the last, 2
+    got = scatter_rows.scatter_scaled_rows(table, None, scatter, None, rows)
+    for edge, row in enumerate(scatter.tolist()):
+        assert torch.equal(got[row], table[edge]), row
+    assert torch.count_nonzero(got[:2]) == 0 and int(torch.count_nonzero(got)) == 3 * width - 1   # table[0][0] is 0
+    del got
+    torch.cuda.empty_cache()

@@ -51,7 +51,9 @@ def _scatter_scaled_rows(table_ptr, gather_ptr, scatter_ptr, scale_ptr, out_ptr,
     source = edges.to(tl.int64)
     if GATHER:
         source = tl.load(gather_ptr + edges, mask=edge_ok, other=0).to(tl.int64)
-    target = tl.load(scatter_ptr + edges, mask=edge_ok, other=0)
+    # int64 before the product: the compact tables' int32 indices (`compact.narrow_index`)
+    # times a row width wrapped once ``out`` held 2^31 elements
+    target = tl.load(scatter_ptr + edges, mask=edge_ok, other=0).to(tl.int64)
     rows = tl.load(table_ptr + source[:, None] * stride_t + cols[None, :], mask=ok, other=0.0).to(tl.float32)
     if SCALED:
         rows = rows * tl.load(scale_ptr + edges, mask=edge_ok, other=0.0).to(tl.float32)[:, None]
