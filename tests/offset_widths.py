@@ -10,8 +10,13 @@ multiplications of loaded values that feed pointer arithmetic.
 """
 from __future__ import annotations
 
+import inspect
+import json
+import os
 import re
-import warnings
+import subprocess
+import sys
+import textwrap
 
 import pytest
 
@@ -22,23 +27,51 @@ _THROUGH = {"arith.addi", "arith.subi", "arith.muli", "arith.select", "arith.ext
             "tt.splat", "tt.broadcast", "tt.expand_dims", "tt.reshape"}
 
 
-def triton_ir(fn, signature: dict[str, str], constexprs: dict[str, object]) -> str:
-    """``fn`` (a ``triton.jit`` function) compiled for an sm_90 GPU: its Triton IR; the
-    test is skipped where this Triton cannot compile for that target."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-    from triton.runtime.jit import JITFunction
-    if not isinstance(fn, JITFunction):     # under TRITON_INTERPRET=1: the interpreter's wrapper
-        fn = JITFunction(fn.fn)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            compiled = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs),
-                                      target=GPUTarget("cuda", 90, 32))
-    except (RuntimeError, ImportError, FileNotFoundError) as exc:   # no CUDA toolchain in this Triton
-        pytest.skip(f"Triton cannot compile for sm_90 here: {exc}")
-    return compiled.asm["ttir"]
+def triton_ir(kernel, signature: dict[str, str], constexprs: dict[str, object]) -> str:
+    """``kernel`` (a ``triton.jit`` function, or the interpreter's wrapper of one, whose
+    body names nothing but ``triton``, ``tl`` and builtins) compiled for an sm_90 GPU:
+    its Triton IR; the test is skipped where this Triton cannot compile for that target.
+
+    Compiled in a child process from the function's source: Triton's interpreter leaves
+    ``triton.language`` patched after a kernel calls a nested ``triton.jit`` function
+    (``InterpretedFunction.__call__`` never restores its patch), and a test process that
+    ran such a kernel fails to compile any other ('value' object has no attribute 'dtype')."""
+    source = textwrap.dedent(inspect.getsource(kernel.fn))
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, "-c", _COMPILE, source, kernel.fn.__name__, json.dumps(signature),
+                           json.dumps(constexprs)], capture_output=True, text=True, env=env, timeout=300)
+    if done.returncode == _NO_TARGET:
+        pytest.skip(f"Triton cannot compile for sm_90 here: {done.stderr.strip().splitlines()[-1:]}")
+    if done.returncode:
+        raise AssertionError(f"compiling {kernel.fn.__name__} for sm_90 failed:\n{done.stderr}")
+    return done.stdout
+
+
+_NO_TARGET = 3
+# The child: the kernel's module made of its source alone, compiled for sm_90, its IR printed.
+_COMPILE = f"""
+import importlib.util, json, os, sys, tempfile, warnings
+warnings.simplefilter("ignore")
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+source, name, signature, constexprs = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), json.loads(sys.argv[4])
+with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as file:
+    file.write("import triton\\nimport triton.language as tl\\n\\n\\n" + source)
+spec = importlib.util.spec_from_file_location("kernel_under_test", file.name)
+module = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(module)
+os.unlink(file.name)
+fn = getattr(module, name)
+fn = getattr(fn, "fn", fn) if not isinstance(fn, triton.runtime.jit.JITFunction) else fn
+try:
+    compiled = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs),
+                              target=GPUTarget("cuda", 90, 32))
+except (ImportError, FileNotFoundError) as exc:
+    print(exc, file=sys.stderr)
+    sys.exit({_NO_TARGET})
+print(compiled.asm["ttir"])
+"""
 
 
 def narrow_index_products(ir: str) -> list[str]:
@@ -78,3 +111,46 @@ def narrow_index_products(ir: str) -> list[str]:
             if inner in _THROUGH:
                 stack.extend(operands(inner_rest))
     return found
+
+
+def narrow_program_products(ir: str, programs: int) -> list[str]:
+    """The 32-bit multiplications in ``ir`` of the program id by a constant that feed a
+    pointer offset and wrap on a launch of ``programs`` programs (the last program's
+    product past 2^31 - 1), as IR lines."""
+    defs: dict[str, tuple[str, str]] = {}
+    constants: dict[str, int] = {}
+    for line in ir.splitlines():
+        match = _DEF.match(line)
+        if match:
+            defs[match.group(1)] = (match.group(2), match.group(3))
+            value = re.match(r"(-?\d+) : i32", match.group(3))
+            if match.group(2) == "arith.constant" and value:
+                constants[match.group(1)] = int(value.group(1))
+    found = []
+    for op, rest in defs.values():
+        if op != "tt.addptr":
+            continue
+        stack, seen = [_NAME.findall(rest.split(" : ")[0])[1]], set()
+        while stack:
+            name = stack.pop()
+            if name in seen or name not in defs:
+                continue
+            seen.add(name)
+            inner, inner_rest = defs[name]
+            args = _NAME.findall(inner_rest.split(" : ")[0])
+            if inner == "arith.muli" and inner_rest.split(" : ")[-1].strip() == "i32":
+                ids = [a for a in args if defs.get(a, ("",))[0] == "tt.get_program_id"]
+                factor = [constants[a] for a in args if a in constants]
+                if ids and factor and (programs - 1) * factor[0] > 2**31 - 1:
+                    found.append(f"{name} = {inner} {inner_rest.strip()}")
+            if inner in _THROUGH:
+                stack.extend(args)
+    return found
+
+
+def kernel_signature(kernel, pointers: dict[str, str], sizes: tuple[str, ...]) -> dict[str, str]:
+    """A signature for ``kernel``'s arguments (a ``triton.jit`` function, or the
+    interpreter's wrapper of one): ``pointers`` their types (``*fp32``...), ``sizes``
+    int32, every other argument constexpr."""
+    names = inspect.signature(kernel.fn).parameters
+    return {name: pointers.get(name, "i32" if name in sizes else "constexpr") for name in names}

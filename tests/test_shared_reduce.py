@@ -141,3 +141,70 @@ def test_float32_edge_weight_gradient_runs_as_a_tile_product(edge_dim, monkeypat
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-4)
     for got, want in zip(ours, theirs):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-3)
+
+
+def _wide_edge_weight_unit(edge_dim: int, width: int) -> SharedReduceUnit:
+    """The weight-gradient unit of ``sum over in-edges of (a_e @ w) * h_src`` with a
+    [edge_dim, width] weight: ``matmul_tn`` over the edges into one partial per program."""
+    w = torch.randn(edge_dim, width, requires_grad=True)
+    h = torch.randn(N, width, requires_grad=True)
+
+    @gnnfuse.vertex
+    def layer(v):
+        return sum([(e.a @ w) * e.src.h for e in v.inedges])
+    report = gnnfuse.explain(layer, _graph("cpu"), {"h": h}, {"a": torch.randn(len(SRC), edge_dim)})
+    [program] = report.programs
+    [unit] = [u for u in _shared_units(program.call.compiled, program.call.wrt) if u.root.op == "matmul_tn"]
+    return unit
+
+
+@pytest.mark.parametrize("acc", ["tl.float32", "tl.float64"])
+def test_partials_past_2_to_the_31_elements_are_addressed_in_64_bits(acc, monkeypatch):
+    """Each of up to `SHARED_REDUCE_PROGRAMS` (1024) programs stores its partial at
+    ``program * (rows x width)``: a [2048, 1100] edge weight's gradient puts the last
+    programs past 2^31 elements (9.2 GB of float32 partials), where a 32-bit product
+    wrapped to a negative offset. Compiled for an sm_90 GPU (no GPU needed), the kernel
+    -- the tile product (float32) and the element form (float64) -- multiplies no
+    program id in 32 bits where that can wrap."""
+    from offset_widths import kernel_signature, narrow_program_products, triton_ir
+
+    from gnnfuse.backend.kernel_cache import load_kernel
+    from gnnfuse.backend.triton.codegen import SHARED_REDUCE_PROGRAMS, generate_shared_reduce
+    monkeypatch.setenv("GNNFUSE_BACKEND", "triton")
+    unit = _wide_edge_weight_unit(2048, 1100)
+    source, leaves = generate_shared_reduce(unit, "wide_partials", acc)
+    kernel = load_kernel(source, "wide_partials")
+    data = "*fp64" if acc == "tl.float64" else "*fp32"
+    pointers = {"src": "*i32", "dst": "*i32", "partials": data, **{f"L{n}": data for n in range(len(leaves))}}
+    ir = triton_ir(kernel, kernel_signature(kernel, pointers, ("num_edges", "size_class")),
+                   {"BLOCK_E": 32, "BLOCK_F": 64})
+    assert narrow_program_products(ir, SHARED_REDUCE_PROGRAMS) == []
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="9.2 GB of partials: GPU only")
+def test_a_weight_gradient_with_partials_past_2_to_the_31_elements_matches_torch_on_a_gpu(monkeypatch):
+    """`test_partials_past_2_to_the_31_elements_are_addressed_in_64_bits` run: 40,000
+    edges of 2048 features into a [2048, 1100] weight on a GPU (1024 programs), gradients
+    against torch's in float32 (the wrapped offsets faulted before)."""
+    monkeypatch.setenv("GNNFUSE_BACKEND", "triton")
+    device = device_for("triton")
+    gen = torch.Generator().manual_seed(5)
+    edges, edge_dim, width, nodes = 40_000, 2048, 1100, 500
+    src, dst = torch.randint(0, nodes, (2, edges), generator=gen)
+    graph = gnnfuse.Graph(src, dst, nodes).to(device)
+    a = torch.randn(edges, edge_dim, generator=gen).to(device)
+    w = (torch.randn(edge_dim, width, generator=gen) / edge_dim ** 0.5).to(device).requires_grad_()
+    h = torch.randn(nodes, width, generator=gen).to(device).requires_grad_()
+
+    @gnnfuse.vertex
+    def layer(v):
+        return sum([(e.a @ w) * e.src.h for e in v.inedges])
+    out = layer(graph, {"h": h}, {"a": a})
+    expected = torch.zeros(nodes, width, device=device).index_add(0, graph.dst.long(),
+                                                                    (a @ w) * h[graph.src.long()])
+    proj = torch.randn(out.shape, generator=gen).to(device)
+    ours = torch.autograd.grad((out * proj).sum(), (h, w))
+    theirs = torch.autograd.grad((expected * proj).sum(), (h, w))
+    torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-3)
+    for got, want in zip(ours, theirs):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-2)

@@ -1350,7 +1350,7 @@ def {name}(src, dst, num_edges, size_class, partials, {em.params()}BLOCK_E: tl.c
         right = tl.where(emask[:, None] & fmask[None, :], {g_tile} + tl.zeros([BLOCK_E, BLOCK_F], ACC), 0.0)
         left = tl.where(emask[:, None] & (kk < {count})[None, :], {x_tile} + tl.zeros([BLOCK_E, {rows}], ACC), 0.0)
         acc = tl.dot(tl.trans(left), right, acc, input_precision="ieee")
-    tl.store(partials + tl.program_id(0) * {count * width} + kk[:, None] * {width} + f[None, :],
+    tl.store(partials + tl.program_id(0).to(tl.int64) * {count * width} + kk[:, None] * {width} + f[None, :],
              acc.to(partials.dtype.element_ty), mask=(kk < {count})[:, None] & fmask[None, :])
 '''
     return source, em.leaf_args
@@ -1369,7 +1369,9 @@ def generate_shared_reduce(unit: SharedReduceUnit, name: str, acc_dtype: str,
     addresses, so atomic adds would serialize on them and make a parameter's gradient
     change in its last bits from run to run; a fixed partial per program keeps the
     result deterministic and the extra traffic to ``SHARED_REDUCE_PROGRAMS`` rows of
-    the parameter's width, whatever |E| is."""
+    the parameter's width, whatever |E| is. A program's row starts at its id times the
+    parameter's size in int64: in int32 the last programs of a [2048, 1100] weight's
+    gradient (2^31 elements of partials) stored at a wrapped, negative offset."""
     root = unit.root
     if shared_dot_rows(unit, acc_dtype):
         return _generate_shared_dot(unit, name, acc_dtype, tuned)
@@ -1398,6 +1400,6 @@ def {name}(src, dst, num_edges, size_class, partials, {leaf_params}BLOCK_E: tl.c
 {_SHARED_EDGE_LOOP}{body}
         acc += tl.where(emask[:, None], {terms} + tl.zeros([BLOCK_E, BLOCK_F], ACC), 0.0)
     partial = tl.sum(acc, axis=0)
-    tl.store(partials + tl.program_id(0) * {width} + f, partial.to(partials.dtype.element_ty), mask=fmask)
+    tl.store(partials + tl.program_id(0).to(tl.int64) * {width} + f, partial.to(partials.dtype.element_ty), mask=fmask)
 '''
     return source, em.leaf_args
