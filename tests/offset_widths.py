@@ -114,9 +114,9 @@ def narrow_index_products(ir: str) -> list[str]:
 
 
 def narrow_program_products(ir: str, programs: int) -> list[str]:
-    """The 32-bit multiplications in ``ir`` of the program id by a constant that feed a
-    pointer offset and wrap on a launch of ``programs`` programs (the last program's
-    product past 2^31 - 1), as IR lines."""
+    """The 32-bit multiplications in ``ir`` of the program id along the grid's first axis
+    by a constant that feed a pointer offset and wrap on a launch of ``programs``
+    programs along it (the last program's product past 2^31 - 1), as IR lines."""
     defs: dict[str, tuple[str, str]] = {}
     constants: dict[str, int] = {}
     for line in ir.splitlines():
@@ -139,7 +139,8 @@ def narrow_program_products(ir: str, programs: int) -> list[str]:
             inner, inner_rest = defs[name]
             args = _NAME.findall(inner_rest.split(" : ")[0])
             if inner == "arith.muli" and inner_rest.split(" : ")[-1].strip() == "i32":
-                ids = [a for a in args if defs.get(a, ("",))[0] == "tt.get_program_id"]
+                ids = [a for a in args if defs.get(a, ("", ""))[0] == "tt.get_program_id"
+                       and defs[a][1].startswith("x")]
                 factor = [constants[a] for a in args if a in constants]
                 if ids and factor and (programs - 1) * factor[0] > 2**31 - 1:
                     found.append(f"{name} = {inner} {inner_rest.strip()}")

@@ -199,3 +199,50 @@ def test_a_few_rows_kernel_that_fails_to_build_warns_once_and_takes_the_referenc
         warnings.simplefilter("error")
         torch.testing.assert_close(few.few_rows_sum(x, index, 3), expected, rtol=1e-12, atol=1e-12)
     assert calls == [1]
+
+
+def test_ids_past_2_to_the_31_are_numbered_in_64_bits():
+    """`launch.wide_ids`: a launch whose last program's last id (cdiv(count, block) *
+    block - 1) passes 2^31 - 1 numbers its items in int64, and only such a launch."""
+    from gnnfuse.backend.triton.launch import wide_ids
+    assert not wide_ids(2**31, 64) and not wide_ids(2**31 - 63, 64) and not wide_ids(0, 64)
+    assert wide_ids(2**31 + 1, 64) and wide_ids(2**31 + 1, 32) and wide_ids(3 * 2**31, 64)
+
+
+def test_a_gather_of_2_to_the_31_edges_numbers_them_in_64_bits(monkeypatch):
+    """``tl.program_id(0) * BLOCK_E`` was an int32 product: past 2^31 edges (a graph of
+    2^31 + 1 edges gathering one row per edge) the last programs' edge ids wrapped
+    negative, passed the ``< E`` mask and read before the index array. Compiled for an
+    sm_90 GPU (no GPU needed), the variant such a launch takes (``WIDE``, `wide_ids`)
+    multiplies no program id in 32 bits where that wraps, and it gathers what
+    ``index_select`` does (run here on a small index)."""
+    from offset_widths import narrow_program_products, triton_ir
+    from gnnfuse.backend.triton.gather_rows import BLOCK_E, _gather_rows
+    signature = {"table_ptr": "*fp32", "index_ptr": "*i64", "out_ptr": "*fp32", "E": "i64", "F": "i32",
+                 "stride_t": "i32", "BLOCK_E": "constexpr", "BLOCK_F": "constexpr", "WIDE": "constexpr"}
+    programs = -(-(2**31 + 1) // BLOCK_E)
+    wide = triton_ir(_gather_rows, signature, {"BLOCK_E": BLOCK_E, "BLOCK_F": 16, "WIDE": True})
+    assert narrow_program_products(wide, programs) == []
+    narrow = triton_ir(_gather_rows, signature, {"BLOCK_E": BLOCK_E, "BLOCK_F": 16, "WIDE": False})
+    assert narrow_program_products(narrow, programs)      # what smaller launches keep
+    monkeypatch.setattr(gather_module, "wide_ids", lambda count, block: True)
+    table = torch.randn(11, 5, device=DEVICE)
+    index = torch.randint(0, 11, (150,), device=DEVICE)
+    assert torch.equal(gather_module.gather_rows(table, index), table.index_select(0, index))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="2^31 + 3 edges, 17 GB: GPU only")
+def test_a_gather_of_2_to_the_31_edges_gets_every_row_on_a_gpu():
+    """`test_a_gather_of_2_to_the_31_edges_numbers_them_in_64_bits` run: 2^31 + 3 int32
+    edge ids (8.6 GB) gathering rows of one float32 (8.6 GB out); the last three edges
+    read rows 1-3, every other row 0."""
+    edges = 2**31 + 3
+    table = torch.tensor([[10.0], [11.0], [12.0], [13.0]], device="cuda")
+    index = torch.zeros(edges, dtype=torch.int32, device="cuda")
+    index[-3:] = torch.tensor([1, 2, 3], dtype=torch.int32, device="cuda")
+    got = gather_module.gather_rows(table, index)
+    del index
+    assert got[-3:, 0].tolist() == [11.0, 12.0, 13.0]
+    assert bool((got[:-3] == 10.0).all())
+    del got
+    torch.cuda.empty_cache()

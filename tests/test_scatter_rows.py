@@ -133,12 +133,14 @@ def test_the_target_order_is_remembered_while_the_index_is_unchanged(determinist
     assert again.edges.tolist() == [1, 4, 0, 3, 2] and again.offsets.tolist() == [0, 2, 4, 5]
 
 
-def _kernel_signature(index: str) -> dict[str, str]:
-    """`_scatter_scaled_rows`' argument types with ``index`` (``*i32``/``*i64``) indices
-    and every size an int32 (as Triton specializes sizes below 2^31)."""
+def _kernel_signature(index: str, edges: str = "i32") -> dict[str, str]:
+    """`_scatter_scaled_rows`' argument types with ``index`` (``*i32``/``*i64``) indices,
+    the edge count ``edges`` and every other size an int32 (as Triton specializes sizes
+    below 2^31)."""
     return {"table_ptr": "*fp32", "gather_ptr": index, "scatter_ptr": index, "scale_ptr": "*fp32",
-            "out_ptr": "*fp32", "E": "i32", "F": "i32", "stride_t": "i32", "stride_o": "i32",
-            "SCALED": "constexpr", "GATHER": "constexpr", "BLOCK_E": "constexpr", "BLOCK_F": "constexpr"}
+            "out_ptr": "*fp32", "E": edges, "F": "i32", "stride_t": "i32", "stride_o": "i32",
+            "SCALED": "constexpr", "GATHER": "constexpr", "BLOCK_E": "constexpr", "BLOCK_F": "constexpr",
+            "WIDE": "constexpr"}
 
 
 @pytest.mark.parametrize("gathered", [True, False])
@@ -152,8 +154,28 @@ def test_int32_targets_address_their_rows_in_64_bits(gathered):
     from offset_widths import narrow_index_products, triton_ir
     for index in ("*i32", "*i64"):
         ir = triton_ir(scatter_rows._scatter_scaled_rows, _kernel_signature(index),
-                       {"SCALED": True, "GATHER": gathered, "BLOCK_E": 32, "BLOCK_F": 128})
+                       {"SCALED": True, "GATHER": gathered, "BLOCK_E": 32, "BLOCK_F": 128, "WIDE": False})
         assert narrow_index_products(ir) == []
+
+
+def test_a_scatter_of_2_to_the_31_edges_numbers_them_in_64_bits(monkeypatch):
+    """As the row gather's edges (test_row_moves.py): past 2^31 edges an int32
+    ``tl.program_id(0) * BLOCK_E`` wrapped to negative edge ids that the ``< E`` mask let
+    through. The variant such a launch takes (``WIDE``) multiplies no program id in 32
+    bits where that wraps, and scatters what torch does (run here on 70 edges)."""
+    from offset_widths import narrow_program_products, triton_ir
+    programs = -(-(2**31 + 1) // scatter_rows.BLOCK_E)
+    for wide in (True, False):
+        ir = triton_ir(scatter_rows._scatter_scaled_rows, _kernel_signature("*i64", "i64"),
+                       {"SCALED": True, "GATHER": True, "BLOCK_E": scatter_rows.BLOCK_E, "BLOCK_F": 128, "WIDE": wide})
+        assert bool(narrow_program_products(ir, programs)) is not wide     # narrow: what smaller launches keep
+    monkeypatch.setattr(scatter_rows, "wide_ids", lambda count, block: True)
+    g = torch.Generator().manual_seed(2)
+    table = torch.randn(9, 4, generator=g).to(DEVICE)
+    gather, scatter = (torch.randint(0, n, (70,), generator=g).to(DEVICE) for n in (9, 6))
+    scale = torch.rand(70, generator=g).to(DEVICE)
+    torch.testing.assert_close(scatter_rows.scatter_scaled_rows(table, gather, scatter, scale, 6).double(),
+                               oracle(table, gather, scatter, scale, 6), rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="a 17 GB output table: GPU only")

@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .launch import launch
+from .launch import launch, wide_ids
 from .segment_matmul import launchable
 
 BLOCK_E = 64
@@ -30,8 +30,11 @@ DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 
 @triton.jit
 def _gather_rows(table_ptr, index_ptr, out_ptr, E, F, stride_t,
-                 BLOCK_E: tl.constexpr, BLOCK_F: tl.constexpr):
-    edges = tl.program_id(0) * BLOCK_E + tl.arange(0, BLOCK_E)
+                 BLOCK_E: tl.constexpr, BLOCK_F: tl.constexpr, WIDE: tl.constexpr):
+    first = tl.program_id(0)
+    if WIDE:        # 2^31 edges or more (`launch.wide_ids`)
+        first = first.to(tl.int64)
+    edges = first * BLOCK_E + tl.arange(0, BLOCK_E)
     cols = tl.program_id(1) * BLOCK_F + tl.arange(0, BLOCK_F)
     edge_ok = edges < E
     ok = edge_ok[:, None] & (cols < F)[None, :]
@@ -52,6 +55,6 @@ def gather_rows(table: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     out = torch.empty((edges, width), dtype=table.dtype, device=table.device)
     block_f = min(MAX_BLOCK_F, triton.next_power_of_2(width))
     launch(_gather_rows, lambda meta: (triton.cdiv(edges, BLOCK_E), triton.cdiv(width, block_f)), (edges, width),
-           (flat, index.contiguous(), out, edges, width, flat.stride(0)), {"BLOCK_E": BLOCK_E, "BLOCK_F": block_f})
+           (flat, index.contiguous(), out, edges, width, flat.stride(0)), {"BLOCK_E": BLOCK_E, "BLOCK_F": block_f, "WIDE": wide_ids(edges, BLOCK_E)})
     return out.reshape((edges,) + tuple(table.shape[1:]))
 

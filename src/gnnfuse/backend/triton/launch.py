@@ -65,6 +65,16 @@ def launch(kernel: Any, grid: Callable[[dict], tuple], sizes: tuple[int, ...], a
     entry(grid, args)     # the grid is this call's: sizes within one size class differ
 
 
+def wide_ids(count: int, block: int) -> bool:
+    """Whether a kernel that numbers ``count`` items ``tl.program_id(0) * block + lane``
+    must do so in int64: its last program's last id, ``cdiv(count, block) * block - 1``,
+    passes 2^31 - 1, where Triton's int32 program id times the block wrapped to negative
+    ids, which the ``< count`` mask let through (a gather of 2^31 + 1 edges read before
+    its index array). Smaller launches keep int32 ids, the code their timings were taken
+    with."""
+    return -(-count // block) * block > 2**31
+
+
 def bind(kernel: Any, grid: Callable[[dict], tuple], args: Sequence[Any], known_signature: Hashable,
          varying: Sequence[int], made: int = 0) -> BoundLaunch | None:
     """The launch `launch` made last with ``args`` under ``known_signature``, bound with

@@ -34,7 +34,7 @@ import triton.language as tl
 from ...graph.index_cache import _LOCK, _forget, _stamp, put_recent
 from ...ir.ops.compact import scatter_scaled_rows as torch_scatter_scaled_rows
 from ..determinism import deterministic
-from .launch import launch
+from .launch import launch, wide_ids
 from .segment_matmul import kernel_applies
 
 BLOCK_E = 32
@@ -43,8 +43,12 @@ MAX_BLOCK_F = 128
 
 @triton.jit
 def _scatter_scaled_rows(table_ptr, gather_ptr, scatter_ptr, scale_ptr, out_ptr, E, F, stride_t, stride_o,
-                         SCALED: tl.constexpr, GATHER: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_F: tl.constexpr):
-    edges = tl.program_id(0) * BLOCK_E + tl.arange(0, BLOCK_E)
+                         SCALED: tl.constexpr, GATHER: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_F: tl.constexpr,
+                         WIDE: tl.constexpr):
+    first = tl.program_id(0)
+    if WIDE:        # 2^31 edges or more (`launch.wide_ids`)
+        first = first.to(tl.int64)
+    edges = first * BLOCK_E + tl.arange(0, BLOCK_E)
     cols = tl.program_id(1) * BLOCK_F + tl.arange(0, BLOCK_F)
     edge_ok = edges < E
     ok = edge_ok[:, None] & (cols < F)[None, :]
@@ -148,5 +152,5 @@ def scatter_scaled_rows(table: torch.Tensor, gather: torch.Tensor | None, scatte
         scale_arg = out if scale is None else scale.reshape(-1)
         launch(_scatter_scaled_rows, lambda meta: (triton.cdiv(edges, BLOCK_E), triton.cdiv(width, block_f)),
                (edges, width), (flat, gather_arg, scatter.contiguous(), scale_arg, out, edges, width,
-                                flat.stride(0), out.stride(0)), flags)
+                                flat.stride(0), out.stride(0)), {**flags, "WIDE": wide_ids(edges, BLOCK_E)})
     return out.to(table.dtype).reshape((rows,) + tuple(table.shape[1:]))
