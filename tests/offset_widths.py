@@ -155,3 +155,24 @@ def kernel_signature(kernel, pointers: dict[str, str], sizes: tuple[str, ...]) -
     int32, every other argument constexpr."""
     names = inspect.signature(kernel.fn).parameters
     return {name: pointers.get(name, "i32" if name in sizes else "constexpr") for name in names}
+
+
+# Index arrays of the generated kernels (backend/triton/codegen.py), by parameter name;
+# every other pointer is a table of ``data``
+_INDEX_POINTERS = {"rowptr", "col", "eid", "seg_row", "seg_start", "seg_end", "seg_slot", "slot_segments", "src",
+                   "dst", "rows", "degree", "merge_row", "slot_ptr", "etype", "arrived"}
+_SIZES = ("num_segments", "num_edges", "size_class", "split_segments", "out_numel")
+
+
+def generated_signature(kernel, data: str = "*fp32") -> dict[str, str]:
+    """A signature for a generated kernel's arguments: int32 index arrays (the graph's
+    narrowest), ``data`` tables, int32 sizes, its annotated constexprs."""
+    signature = {}
+    for name, param in inspect.signature(kernel.fn).parameters.items():
+        if "constexpr" in str(param.annotation):
+            signature[name] = "constexpr"
+        elif name in _SIZES:
+            signature[name] = "i32"
+        else:
+            signature[name] = "*i8" if name == "seg_split" else "*i32" if name in _INDEX_POINTERS else data
+    return signature

@@ -240,3 +240,26 @@ def test_members_of_float32_and_float64_leaves_run_apart(monkeypatch):
     s, d = graph.src.long(), graph.dst.long()
     torch.testing.assert_close(out["y1"], torch.zeros_like(A).index_add(0, d, A[s] * W * W), rtol=0, atol=0)
     torch.testing.assert_close(out["y2"], torch.zeros_like(B).index_add(0, d, B[s] * B[d]), rtol=1e-12, atol=1e-12)
+
+
+def test_segments_past_2_to_the_31_are_numbered_in_64_bits():
+    """A CSR walk's program takes segments ``tl.program_id(0) * ROWS + r``: with 2^31
+    segments or more (a graph of 2^31 vertices, one segment each) that int32 product
+    wrapped to negative segment ids, which passed the ``< num_segments`` test and read
+    before the segment arrays. Compiled for an sm_90 GPU (no GPU needed), neither the
+    walk of one unit nor a sibling group's multiplies the program id in 32 bits where a
+    launch of 2^31 + 1 segments wraps."""
+    from offset_widths import generated_signature, narrow_program_products, triton_ir
+
+    from gnnfuse.backend.kernel_cache import load_kernel
+    from gnnfuse.backend.triton.codegen import generate, generate_siblings
+    _, plan = _sums(2)
+    [group] = [item for item in group_siblings(plan) if isinstance(item, SiblingGroup)]
+    rows = 2
+    for generator, item in ((generate, group.members[0]), (generate_siblings, group)):
+        source, _ = generator(item, "segments_past_int32", "tl.float32")
+        kernel = load_kernel(source, "segments_past_int32")
+        constants = {"BLOCK_E": 16, "BLOCK_F": 16, "ROWS": rows}
+        signature = generated_signature(kernel)
+        ir = triton_ir(kernel, signature, {k: v for k, v in constants.items() if k in signature})
+        assert narrow_program_products(ir, -(-(2**31 + 1) // rows)) == [], generator.__name__

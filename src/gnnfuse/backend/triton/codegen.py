@@ -653,13 +653,14 @@ def {name}(rowptr, col, eid, seg_row, seg_start, seg_end, {split_params}num_segm
     # of average degree ~10 one segment alone is too little work for a program. One
     # warp per program: the per-chunk tl.sum over edges then stays within the warp
     # (shuffles); across four warps it went through shared memory with a barrier per
-    # chunk and ran 2-3x slower on an H100 (benchmarks/README.md).
+    # chunk and ran 2-3x slower on an H100 (benchmarks/README.md). Segment ids are int64:
+    # past 2^31 segments (a graph of 2^31 vertices) an int32 product wrapped.
     ACC: tl.constexpr = {acc_dtype}
     f = tl.program_id(1) * BLOCK_F + tl.arange(0, BLOCK_F)
     fmask = f < {width}
     fzero = f * 0
     for r in range(ROWS):
-        seg = tl.program_id(0) * ROWS + r
+        seg = tl.program_id(0).to(tl.int64) * ROWS + r
         if seg < num_segments:
             row = tl.load(seg_row + seg).to(tl.int64)
             start = tl.load(seg_start + seg).to(tl.int64)
@@ -844,7 +845,7 @@ def {name}(rowptr, col, eid, seg_row, seg_start, seg_end, seg_split, {slot_param
     # {group.describe()}
     ACC: tl.constexpr = {acc_dtype}
 {lanes}{rider_init}    for r in range(ROWS):
-        seg = tl.program_id(0) * ROWS + r
+        seg = tl.program_id(0).to(tl.int64) * ROWS + r     # int64: as `generate`'s
         if seg < num_segments:
             row = tl.load(seg_row + seg).to(tl.int64)
             start = tl.load(seg_start + seg).to(tl.int64)
