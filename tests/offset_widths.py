@@ -1,12 +1,14 @@
-"""Which pointer offsets a Triton kernel computes as 32-bit products of loaded indices.
+"""Which pointer offsets a Triton kernel computes as 32-bit products that can wrap.
 
 A row index loaded from an int32 tensor stays int32 in Triton, and so does its product
 with a stride that fits int32: ``index * stride`` wraps once the table it addresses
 holds 2^31 elements or more (a 2.4M-row table of 1024 columns), and the kernel reads or
-writes the wrong row without an error. Showing that on a table that large needs a GPU;
-the product's width shows without one: the kernel is compiled for an sm_90 target
-(Triton compiles on a machine without a GPU) and its Triton IR searched for 32-bit
-multiplications of loaded values that feed pointer arithmetic.
+writes the wrong row without an error. So does ``tl.program_id(0) * BLOCK`` on a launch
+of 2^31 items. Showing that on tensors that large needs a GPU; the products' widths show
+without one: the kernel is compiled for an sm_90 target (Triton compiles on a machine
+without a GPU) and its Triton IR searched for 32-bit multiplications of loaded values
+(`narrow_index_products`), or of the program id (`narrow_program_products`), that feed
+pointer arithmetic.
 """
 from __future__ import annotations
 
@@ -67,22 +69,30 @@ fn = getattr(fn, "fn", fn) if not isinstance(fn, triton.runtime.jit.JITFunction)
 try:
     compiled = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs),
                               target=GPUTarget("cuda", 90, 32))
-except (ImportError, FileNotFoundError) as exc:
-    print(exc, file=sys.stderr)
+except (ImportError, FileNotFoundError, RuntimeError) as exc:
+    if isinstance(exc, RuntimeError) and "ptxas" not in str(exc):
+        raise
+    print(exc, file=sys.stderr)       # no CUDA toolchain in this Triton
     sys.exit({_NO_TARGET})
 print(compiled.asm["ttir"])
 """
+
+
+def _definitions(ir: str) -> dict[str, tuple[str, str]]:
+    """Each SSA value of ``ir``: (its op, the rest of its line, location dropped)."""
+    defs = {}
+    for line in ir.splitlines():
+        match = _DEF.match(line)
+        if match:
+            defs[match.group(1)] = (match.group(2), match.group(3))
+    return defs
 
 
 def narrow_index_products(ir: str) -> list[str]:
     """The 32-bit (``i32``) multiplications in ``ir`` that feed a pointer offset
     (``tt.addptr``) and take a value derived from a load (a row index read from memory),
     as IR lines: each is an ``index * stride`` that wraps on a table of 2^31 elements."""
-    defs: dict[str, tuple[str, str]] = {}
-    for line in ir.splitlines():
-        match = _DEF.match(line)
-        if match:
-            defs[match.group(1)] = (match.group(2), match.group(3))
+    defs = _definitions(ir)
 
     def operands(rest: str) -> list[str]:
         return _NAME.findall(rest.split(" : ")[0])
@@ -117,15 +127,9 @@ def narrow_program_products(ir: str, programs: int) -> list[str]:
     """The 32-bit multiplications in ``ir`` of the program id along the grid's first axis
     by a constant that feed a pointer offset and wrap on a launch of ``programs``
     programs along it (the last program's product past 2^31 - 1), as IR lines."""
-    defs: dict[str, tuple[str, str]] = {}
-    constants: dict[str, int] = {}
-    for line in ir.splitlines():
-        match = _DEF.match(line)
-        if match:
-            defs[match.group(1)] = (match.group(2), match.group(3))
-            value = re.match(r"(-?\d+) : i32", match.group(3))
-            if match.group(2) == "arith.constant" and value:
-                constants[match.group(1)] = int(value.group(1))
+    defs = _definitions(ir)
+    constants = {name: int(rest.split(" : ")[0]) for name, (op, rest) in defs.items()
+                 if op == "arith.constant" and re.fullmatch(r"-?\d+ : i32", rest.strip())}
     found = []
     for op, rest in defs.values():
         if op != "tt.addptr":
