@@ -734,3 +734,14 @@ def test_epoch_accuracies_of_nan_logits_are_nan_as_on_one_process():
     expected = [accuracy(logits, y, mask) for mask in masks]
     assert expected[0] == 1.0 and expected[1] != expected[1] and expected[2] == 0.5
     assert accuracies[0] == 1.0 and accuracies[1] != accuracies[1] and accuracies[2] == 0.5
+
+
+def test_partition_stats_of_an_int32_owner_count_every_halo_row():
+    """An int32 owner (METIS's) made the halo keys ``owner * N + src`` int32: vertex 5 read
+    by ranks 0 and 2^20 of a 4096-vertex graph gave keys 5 and 2^32 + 5, which wrapped onto
+    one, and one halo row was counted for two. Read as int64, both count."""
+    n = 4096
+    owner = torch.zeros(n, dtype=torch.int32)
+    owner[5], owner[20] = 1, 2**20
+    g = Graph(torch.tensor([5, 5]), torch.tensor([10, 20]), n)
+    assert partition_stats(g, owner, 2**20 + 1).halo_rows == 2 == partition_stats(g, owner.long(), 2**20 + 1).halo_rows

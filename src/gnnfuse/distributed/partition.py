@@ -146,6 +146,10 @@ class PartitionStats:
 
 
 def partition_stats(graph: Graph, owner: torch.Tensor, world_size: int) -> PartitionStats:
+    """`PartitionStats` of ``graph`` under ``owner`` (a rank per vertex, any integer dtype:
+    read as int64, as `partition_graph` does -- an int32 owner, what METIS hands back,
+    made the halo keys ``owner * N + src`` int32, and ranks x vertices past 2^32 collided)."""
+    owner = owner.to(graph.device, torch.int64)
     src, dst = graph.src.long(), graph.dst.long()
     cut = owner[src] != owner[dst]
     n = graph.num_nodes
