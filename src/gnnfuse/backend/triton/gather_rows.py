@@ -55,6 +55,7 @@ def gather_rows(table: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     out = torch.empty((edges, width), dtype=table.dtype, device=table.device)
     block_f = min(MAX_BLOCK_F, triton.next_power_of_2(width))
     launch(_gather_rows, lambda meta: (triton.cdiv(edges, BLOCK_E), triton.cdiv(width, block_f)), (edges, width),
-           (flat, index.contiguous(), out, edges, width, flat.stride(0)), {"BLOCK_E": BLOCK_E, "BLOCK_F": block_f, "WIDE": wide_ids(edges, BLOCK_E)})
+           (flat, index.contiguous(), out, edges, width, flat.stride(0)),
+           {"BLOCK_E": BLOCK_E, "BLOCK_F": block_f, "WIDE": wide_ids(edges, BLOCK_E)})
     return out.reshape((edges,) + tuple(table.shape[1:]))
 
