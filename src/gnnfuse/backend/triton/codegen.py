@@ -453,7 +453,12 @@ def _decorator(tuned: bool, space: dict[str, tuple[int, ...]], key: str, reset: 
     configs = ", ".join(
         "triton.Config({" + ", ".join(f"'{n}': {v}" for n, v in zip(names, values)) + f"}}, num_warps={w})"
         for values, w in chosen)
-    extra = ", warmup=3, rep=10"   # milliseconds per trial: tuning costs well under a second per kernel
+    # milliseconds per trial: tuning costs well under a second per kernel. Through
+    # `do_bench`, not the autotuner's own ``warmup=3, rep=10``: Triton deprecated those
+    # (3.6 warns on every kernel loaded), and a program run with warnings as errors
+    # (``-W error``, pytest's filterwarnings) failed to load any tuned kernel on a GPU
+    extra = (", do_bench=lambda call, quantiles: triton.testing.do_bench(call, warmup=3, rep=10, quantiles=quantiles)"
+             if "do_bench" in inspect.signature(triton.autotune).parameters else ", warmup=3, rep=10")
     reset = ("out",) if reset is True else reset or ()
     extra += f", reset_to_zero={list(reset)}" if reset else ""
     if "cache_results" in inspect.signature(triton.autotune).parameters:
