@@ -343,6 +343,7 @@ def test_numba_functions_outside_generated_kernels_compile_while_a_trace_swaps_b
     import numpy as np
     from gnnfuse.backend.cpu import scalar
     from gnnfuse.loader import hop_numba
+    numba.core.registry.cpu_target.typing_context.refresh()    # as a trace does before its swap (below)
     for name in ("sum", "max", "min", "len", "zip"):
         original = getattr(builtins, name)
         monkeypatch.setattr(builtins, name, lambda *args, _original=original, **kw: _original(*args, **kw))
@@ -351,6 +352,33 @@ def test_numba_functions_outside_generated_kernels_compile_while_a_trace_swaps_b
     assert numba.njit(hop_numba.sample.py_func)(rowptr, col, seeds, 1, 7, *slots, 2) == -1
     assert slots[2].tolist() == [1, 1]
     assert numba.njit(scalar._rounded.py_func)(1.0 / 3.0, 11, -24, 65504.0) == float(torch.tensor(1 / 3).half())
+
+
+def test_a_processs_first_numba_compile_during_a_trace_leaves_numba_working():
+    """Numba loads its typing registries at a process's first compile, typing the
+    builtins it then finds: a first compile during a vertex function's trace (here from
+    the function itself; a loader thread's first hop alike) met the trace's stand-ins and
+    failed inside Numba ("module 'gnnfuse.frontend.vertex' has no attribute 'call'"). The
+    trace has Numba load them first. In a fresh process: the first compile is the point."""
+    script = """
+import numba, numpy as np, torch, gnnfuse
+from gnnfuse.loader import hop_numba
+
+@gnnfuse.vertex
+def mean(v):
+    slots = [np.zeros(2, np.int64) for _ in range(3)]
+    numba.njit(hop_numba.sample.py_func)(np.array([0, 2, 4]), np.array([0, 1, 1, 0]), np.array([0, 1]), 1, 7,
+                                         *slots, 2)
+    return sum([u.h for u in v.innbs]) / len(v.innbs)
+
+graph = gnnfuse.Graph(torch.tensor([0, 1, 1]), torch.tensor([1, 0, 1]), 2)
+print(mean(graph, {"h": torch.tensor([[1.0], [3.0]])}).flatten().tolist())
+print(numba.njit(lambda a: len(a) + max(a[0], a[1]))(np.arange(3)))
+"""
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_DISABLE_JIT"} | {"GNNFUSE_BACKEND": "reference"}
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["[3.0,", "2.0]", "4"]
 
 
 def test_without_numba_the_reference_runs_with_one_warning(monkeypatch):
