@@ -440,3 +440,19 @@ def test_one_dimensional_features_are_refused_by_name(make):
     ei = torch.tensor([[0, 1, 2, 2], [1, 2, 0, 2]])
     with pytest.raises(ValueError, match=r"x must be a \[num_nodes, F\] tensor, got shape \[3\]"):
         make()(torch.randn(3), ei)
+
+
+def test_edgeconv_eager_fallback_is_warned_about_at_the_callers_line(monkeypatch):
+    """The warning is shown at the user's call of the layer, not at gnnfuse/nn/compiling.py."""
+    import sys
+    import warnings
+    from gnnfuse.nn import edge_conv_eager
+    monkeypatch.setattr(edge_conv_eager, "_WARNED", set())
+    layer = gnn.EdgeConv(_normed_mlp(F_IN, "batch_norm").double())
+    x = torch.randn(N, F_IN, dtype=torch.float64)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        line = sys._getframe().f_lineno + 1
+        layer(x, _graph_edges())
+    said = [(w.filename, w.lineno) for w in caught if "EdgeConv runs eagerly" in str(w.message)]
+    assert said == [(__file__, line)]

@@ -201,3 +201,15 @@ def test_pyg_is_imported_only_inside_the_fallback():
 def test_bad_aggregation_arguments_are_named(aggr, kwargs, error, match):
     with pytest.raises(error, match=match):
         gnn.SAGEConv(F_IN, F_OUT, aggr=aggr, aggr_kwargs=kwargs)
+
+
+def test_an_eager_aggregation_is_warned_about_at_the_callers_line(fresh_warnings):
+    """The fallback's warning is shown at the user's call of the layer: a fixed stacklevel
+    pointed it at gnnfuse/nn/conv.py, where no user can act on it (or filter it by module)."""
+    ours, _ = layers(lambda: "median", None)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        line = sys._getframe().f_lineno + 1
+        ours(features(), EDGE_INDEX)
+    said = [(w.filename, w.lineno) for w in caught if "not fused by gnnfuse" in str(w.message)]
+    assert said == [(__file__, line)]

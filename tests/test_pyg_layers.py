@@ -512,3 +512,18 @@ def test_a_module_converted_between_forward_and_backward_is_named():
     with pytest.raises(RuntimeError, match=r"GINEConv.*float32 in the forward but is torch.float64.*"
                                            r"between the call and backward"):
         out.sum().backward()
+
+
+def test_a_pyg_layer_s_eager_propagate_is_warned_about_at_the_callers_line():
+    """PyG's own ``forward`` calls ``propagate``: the warning is shown at the user's call of
+    the layer, not inside torch_geometric/nn/conv/arma_conv.py."""
+    import sys
+    ours, _ = twins("ARMAConv")
+    message_passing._WARNED.discard(type(ours))
+    x = inputs("cpu")["x"]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        line = sys._getframe().f_lineno + 1
+        ours(x, EDGES)
+    said = [(w.filename, w.lineno) for w in caught if "eager message passing" in str(w.message)]
+    assert said == [(__file__, line)]

@@ -528,3 +528,34 @@ def test_a_number_changing_every_call_is_warned_about_once(monkeypatch):
         expected = x.new_zeros(6, 3).index_add_(0, ei[1], x[ei[0]] / layer.temp)
         torch.testing.assert_close(layer(x, ei), expected)
     assert sum(sum(cache._kept.values()) for cache in list(trace_cache._ALL)) - kept == 1
+
+
+def test_the_retrace_warning_is_shown_at_the_callers_line(monkeypatch):
+    """It pointed at gnnfuse/frontend/trace_cache.py (a fixed stacklevel=2); it is now
+    shown at the user's line that led there: here their forward's call of propagate."""
+    import sys
+    import warnings
+    from gnnfuse.frontend import trace_cache
+    monkeypatch.setattr(trace_cache, "RETRACE_WARNING", 3)
+
+    class Scaled(gnn.MessagePassing):
+        def __init__(self):
+            super().__init__(aggr="add")
+            self.scale = 1.0
+
+        def forward(self, x, edge_index):
+            self.line = sys._getframe().f_lineno + 1
+            return self.propagate(edge_index, x=x)
+
+        def message(self, x_j):
+            return x_j * self.scale
+
+    layer, x = Scaled(), torch.randn(6, 3, dtype=torch.float64)
+    ei = torch.tensor([[0, 1, 2, 3, 4, 5], [1, 2, 3, 4, 5, 0]])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for step in range(4):
+            layer.scale = 1.0 + step
+            layer(x, ei)
+    said = [(w.filename, w.lineno) for w in caught if "keeps changing" in str(w.message)]
+    assert said == [(__file__, layer.line)]

@@ -20,9 +20,9 @@ fixed order already.
 """
 from __future__ import annotations
 
-import warnings
-
 import torch
+
+from ..user_warning import warn
 
 # torch's own getters behind ``torch.are_deterministic_algorithms_enabled`` and
 # ``is_deterministic_algorithms_warn_only_enabled``: every program run compares them with
@@ -53,6 +53,6 @@ def alert_not_deterministic(what: str, instead: str) -> None:
                f"'torch.use_deterministic_algorithms(True)'. {instead}, or use the 'warn_only=True' option "
                "if nondeterminism is acceptable for your application.")
     if _WARN_ONLY():
-        warnings.warn(message, UserWarning, stacklevel=3)
+        warn(message, UserWarning)
         return
     raise RuntimeError(message)

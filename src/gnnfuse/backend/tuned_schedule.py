@@ -31,7 +31,6 @@ import hashlib
 import json
 import math
 import time
-import warnings
 import weakref
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -48,6 +47,7 @@ from ..passes.fusion import AggregateUnit, Unit
 from .forced_schedule import SCHEDULES, ForcedSchedule, forced_schedule, valid_feature_tile
 from ..environ import getenv
 from ..output_paths import write_atomically
+from ..user_warning import warn
 
 PATH_ENV = "GNNFUSE_TUNED_SCHEDULES"
 FORMAT = 1
@@ -158,7 +158,7 @@ def key(unit: Unit, graph: Graph, backend: str) -> str:
 def _warn_once(message: str) -> None:
     if message not in _warned:
         _warned.add(message)
-        warnings.warn(message, RuntimeWarning, stacklevel=4)
+        warn(message, RuntimeWarning)
 
 
 def _schedule(record: Any) -> ForcedSchedule:

@@ -62,7 +62,6 @@ import math
 import random
 import sys
 import types
-import warnings
 import weakref
 from typing import Any, Callable, Hashable, Mapping
 
@@ -72,6 +71,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 
 from ..runtime import CompiledProgram, compiled_for
 from ..runtime.autocast import AUTOCAST_DEVICE_TYPES, outside_autocast
+from ..user_warning import warn
 from .autocast import autocast_state
 from .module_hooks import GLOBAL_HOOK_TABLES
 from .kept_traced import KeptTraced
@@ -621,11 +621,11 @@ def _warn_retraces(functions: tuple[Callable | None, ...]) -> None:
     and programs kept (the kernels read such a number as an argument and are shared,
     backend/constant_args.py; they were compiled anew for every value before)."""
     names = ", ".join(f.__qualname__ for f in functions if callable(f) and hasattr(f, "__qualname__")) or "a function"
-    warnings.warn(f"gnnfuse has traced {names} {RETRACE_WARNING} times: a value the trace reads keeps changing "
-                  "between calls (a Python number in a closure, a global or an attribute, such as a temperature "
-                  "changed every step; or new feature shapes or dtypes). Every trace compiles and keeps a program. "
-                  "Hold a number that changes in a tensor (torch.tensor(t)), which is fed to the same program.",
-                  UserWarning, stacklevel=2)
+    warn(f"gnnfuse has traced {names} {RETRACE_WARNING} times: a value the trace reads keeps changing "
+         "between calls (a Python number in a closure, a global or an attribute, such as a temperature "
+         "changed every step; or new feature shapes or dtypes). Every trace compiles and keeps a program. "
+         "Hold a number that changes in a tensor (torch.tensor(t)), which is fed to the same program.",
+         UserWarning)
 
 
 class TraceCache:

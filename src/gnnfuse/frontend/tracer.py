@@ -8,11 +8,9 @@ and the line of the user's function that used it.
 """
 from __future__ import annotations
 
-import importlib.util
 import linecache
 import math
 import operator
-import os
 import sys
 import types
 from typing import Any, Callable
@@ -23,6 +21,7 @@ import torch.nn.functional as F
 
 from ..ir import CompileError, Program, Residency, Value
 from ..ir.ops.movement import TYPE_INDICES
+from ..user_warning import is_library  # an op refused inside PyG's code is reported at the user's line
 from .autocast import applies, autocast_handler, autocast_state, live_states
 from .call_arguments import misused, positional
 from .module_hooks import registered_hooks
@@ -30,16 +29,6 @@ from .numbers import as_eager, is_number
 from .udf import unwrap
 
 EDGE_ROWED = (Residency.SRC, Residency.DST, Residency.EDGE)
-# gnnfuse's, torch's and PyG's packages: an op refused inside PyG's code (its softmax
-# reached through a helper of the user's) is reported at the user's line that called it
-_PYG = importlib.util.find_spec("torch_geometric")
-_LIBRARY_DIRS = tuple(os.path.dirname(path) + os.sep for path in (
-    os.path.dirname(__file__), torch.__file__, *([_PYG.origin] if _PYG is not None and _PYG.origin else [])))
-
-
-def is_library(filename: str) -> bool:
-    """Whether code in ``filename`` is gnnfuse's or torch's, never the user's."""
-    return filename.startswith(_LIBRARY_DIRS)
 
 
 def definition_site(code: types.CodeType) -> str:

@@ -19,7 +19,6 @@ refused by name at construction.
 from __future__ import annotations
 
 import math
-import warnings
 from typing import Any
 
 import torch
@@ -28,6 +27,7 @@ from torch import nn
 from .. import frontend
 from ..graph import Graph
 from ..runtime.compile_op import GraphRef
+from ..user_warning import warn
 from . import pyg_init
 
 # gnnfuse's fused reductions by PyG's name, and PyG's class of each.
@@ -347,8 +347,8 @@ def _eager(layer: str, module: nn.Module, graph: Graph, messages: torch.Tensor) 
     if (layer, name) not in _WARNED:
         _WARNED.add((layer, name))
         reason = _UNFUSED_REASONS.get(name, _FUSED_DESCRIPTION)
-        warnings.warn(f"{layer}: aggregation {module} runs eagerly through its module, not fused by gnnfuse: "
-                      f"{reason}", stacklevel=4)
+        warn(f"{layer}: aggregation {module} runs eagerly through its module, not fused by gnnfuse: "
+             f"{reason}")
     rows = messages[graph.src]
     if _first_vertex_unread(module, graph):
         # PyG's quantiles index row ``q * (count - 1) + start`` of each vertex's sorted

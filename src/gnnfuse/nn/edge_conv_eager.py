@@ -13,7 +13,6 @@ dim 0, the edges, which combines rows): it raised the CompileError, where PyG's 
 """
 from __future__ import annotations
 
-import warnings
 from typing import Callable
 
 import torch
@@ -21,6 +20,7 @@ from torch import nn
 from torch.nn.modules.batchnorm import _NormBase
 
 from ..graph import Graph
+from ..user_warning import warn
 
 _WARNED: set[str] = set()
 
@@ -52,7 +52,7 @@ def eager_edge_conv(h: Callable, aggr: str, x_src: torch.Tensor, x_dst: torch.Te
     compiled) is warned once."""
     if reason not in _WARNED:
         _WARNED.add(reason)
-        warnings.warn(f"EdgeConv runs eagerly (not compiled): {reason}", stacklevel=3)
+        warn(f"EdgeConv runs eagerly (not compiled): {reason}")
     src, dst = graph.src.to(x_src.device), graph.dst.to(x_src.device)
     x_i = x_dst.index_select(0, dst)
     messages = h(torch.cat([x_i, x_src.index_select(0, src) - x_i], dim=-1))

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-import warnings
 from typing import Any, Callable, Iterator
 
 import torch
@@ -43,6 +42,7 @@ from ..frontend.pyg_message_passing import NotCompilable, compiled_propagate
 from ..graph import Graph
 from ..runtime.compile_op import run_eagerly
 from ..runtime.compiled import ForwardADError, running_layer
+from ..user_warning import warn
 from .torchscript import NotScriptable
 
 # PyG's generic propagate. PyG replaces a concrete class's ``propagate`` by one generated
@@ -159,5 +159,4 @@ def _warn_once(cls: type, reason: str) -> None:
     if cls in _WARNED:
         return
     _WARNED.add(cls)
-    warnings.warn(f"{cls.__name__}.propagate runs PyG's eager message passing (not compiled): {reason}",
-                  stacklevel=3)
+    warn(f"{cls.__name__}.propagate runs PyG's eager message passing (not compiled): {reason}")

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import hashlib
 import itertools
-import warnings
 from typing import Any, Callable, NamedTuple
 
 import torch
@@ -38,6 +37,7 @@ from ..backend.reference import GraphContext
 from ..graph import Graph
 from ..graph.index_cache import cached_graph
 from ..ir import CompileError, Residency
+from ..user_warning import warn
 from .autocast import autocast_off
 from .compiled import CompiledProgram, backward_feeds, _run_forward
 
@@ -169,7 +169,7 @@ def _warned_call(reason: str, fn: Callable, *args: Any, **kwargs: Any) -> Any:
                            "graph break)")
     if reason not in _WARNED:
         _WARNED.add(reason)
-        warnings.warn(f"gnnfuse runs eagerly under torch.compile (a graph break): {reason}", stacklevel=3)
+        warn(f"gnnfuse runs eagerly under torch.compile (a graph break): {reason}")
     result = fn(*args, **kwargs)
     for out in (result if isinstance(result, (tuple, list)) else (result,)):
         if isinstance(out, torch.Tensor) and out.dim():

@@ -9,9 +9,8 @@ bfloat16, so only the interpreter is refused it, never the dtype as such.
 """
 from __future__ import annotations
 
-import warnings
-
 from ..environ import getenv
+from ..user_warning import warn
 
 _WARNED: list[bool] = []
 
@@ -24,7 +23,6 @@ def interpreter_lacks_bfloat16() -> bool:
         return False
     if not _WARNED:
         _WARNED.append(True)
-        warnings.warn("gnnfuse triton backend: Triton's CPU interpreter (TRITON_INTERPRET=1) has no bfloat16; "
-                      "programs with bfloat16 values run on the torch reference backend", RuntimeWarning,
-                      stacklevel=4)
+        warn("gnnfuse triton backend: Triton's CPU interpreter (TRITON_INTERPRET=1) has no bfloat16; "
+             "programs with bfloat16 values run on the torch reference backend", RuntimeWarning)
     return True

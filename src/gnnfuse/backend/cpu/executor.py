@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import functools
 import math
-import warnings
 import weakref
 from typing import Callable, Iterable, Mapping, NamedTuple
 
@@ -49,6 +48,7 @@ from ..constant_args import constant_tensors
 from . import pool, schedule
 from .partition import Partitions, source_partitions
 from ...environ import getenv
+from ...user_warning import warn
 
 try:
     import numba
@@ -79,7 +79,7 @@ def available() -> bool:
 def _warn_once(reason: str, message: str) -> None:
     if reason not in _WARNED:
         _WARNED.add(reason)
-        warnings.warn(message, RuntimeWarning, stacklevel=3)
+        warn(message, RuntimeWarning)
 
 
 def _kernel_for(unit: Unit, acc: str, parallel: bool, partitioned: bool = False, register_row: bool = False):

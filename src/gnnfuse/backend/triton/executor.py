@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import math
-import warnings
 import weakref
 from typing import Any, Callable, Hashable, Iterable, Mapping, NamedTuple
 
@@ -35,6 +34,7 @@ from .schedule import SEGMENT_EDGES, OrderedSlots, SplitSlots, ordered_slots, pa
 from .sorted_sources import sorted_sources, sorts_sources
 from .tuning_class import tuning_class
 from ...environ import Variables, flag, getenv
+from ...user_warning import warn
 
 _PLANS: "weakref.WeakKeyDictionary[Program, dict]" = weakref.WeakKeyDictionary()
 _UNIT_KERNELS: "weakref.WeakKeyDictionary[AggregateUnit, dict]" = weakref.WeakKeyDictionary()
@@ -682,7 +682,7 @@ def _plan(unit: Unit, ctx: GraphContext, leaves: dict[int, torch.Tensor]) -> _La
         message = mixed_floats_message("triton", floats)
         if message not in _MIXED_WARNED:
             _MIXED_WARNED.add(message)
-            warnings.warn(message, RuntimeWarning, stacklevel=2)
+            warn(message, RuntimeWarning)
         return BY_OPS
     acc = "tl.float64" if computes_float64(unit, leaves) else "tl.float32"
     rows = ctx.num_rows(unit.by) if isinstance(unit, AggregateUnit) else ctx.num_nodes  # what `out` holds
