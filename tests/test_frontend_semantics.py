@@ -100,6 +100,37 @@ def test_counting_in_a_python_loop_is_rejected_at_its_line():
         assert line_of(fn.fn, text) + text in str(info.value)
 
 
+def test_a_vertex_function_without_source_is_refused_not_traced_unchecked(device):
+    """The counting checks read the function's syntax; code exec'd from a string has none,
+    and they passed: ``n += 1`` traced as 1 (a mean came back as a sum) and enumerate's
+    positions as 0. Such a function, or a helper without source handed a neighbour list, is
+    refused by name; one whose source linecache keeps (a notebook cell's) is checked and
+    traced, and a helper without source handed a neighbour's value is traced."""
+    import linecache
+    namespace: dict = {}
+    exec("def mean(v):\n    n = 0\n    for u in v.innbs:\n        n += 1\n    return sum([u.h for u in v.innbs]) / n\n"
+         "def positions(v):\n    return sum([u.h * i for i, u in enumerate(v.innbs)])\n"
+         "def counted(xs):\n    n = 0\n    for x in xs:\n        n += 1\n    return sum(xs) / n\n"
+         "def double(x):\n    return x * 2\n", namespace)
+
+    def helped(v):
+        return namespace["counted"]([u.h for u in v.innbs])
+    for udf, name in ((namespace["mean"], "mean"), (namespace["positions"], "positions"), (helped, "counted")):
+        with pytest.raises(CompileError, match=f"the source of {name} cannot be read"):
+            gnnfuse.vertex(udf)(graph(), {"h": features()})
+
+    def doubled(v):
+        return sum([namespace["double"](u.h) for u in v.innbs])
+    g, h = graph(device), features(device)
+    summed = lambda x: torch.zeros_like(x).index_add(0, g.dst, x[g.src])   # noqa: E731
+    check_against(gnnfuse.vertex(doubled)(g, {"h": h}), lambda x: 2 * summed(x), h)
+    cell = "<notebook-cell-1>"
+    text = "def total(v):\n    return sum([u.h for u in v.innbs])\n"
+    linecache.cache[cell] = (len(text), None, text.splitlines(True), cell)
+    exec(compile(text, cell, "exec"), namespace)
+    check_against(gnnfuse.vertex(namespace["total"])(g, {"h": h}), summed, h)
+
+
 ONE = torch.ones(1)
 
 

@@ -201,7 +201,11 @@ def _analysis(code: types.CodeType, given: frozenset[str], listing: frozenset[st
     try:
         tree, first = _source(code)
     except (OSError, TypeError, SyntaxError):   # no source (exec'd code)
-        return (), (), False
+        # these checks read syntax: without it a count, a position or a running total over
+        # the neighbours passed unseen and the trace's one-neighbour value came back as the
+        # result (enumerate weights all 0, ``n += 1`` 1 for every vertex)
+        reads = bool(given) or _names_neighbour_lists(code)
+        return ((code.co_firstlineno, _NO_SOURCE.format(name=code.co_qualname)),) if reads else (), (), False
     lists = _names_of_neighbour_lists(tree, given, listing)
     per_neighbour = _per_neighbour_nodes(tree, lists)
     fresh = _bound_per_neighbour(tree, lists)
@@ -227,10 +231,20 @@ def _source(code: types.CodeType) -> tuple[ast.Module, int]:
     if code.co_name != "<lambda>":
         lines, first = inspect.getsourcelines(code)
         return ast.parse(textwrap.dedent("".join(lines))), first
-    module = ast.parse("".join(linecache.getlines(code.co_filename)))
+    lines = linecache.getlines(code.co_filename)
+    if not lines:
+        raise OSError(f"no source for {code.co_filename}")
+    module = ast.parse("".join(lines))
     params = list(code.co_varnames[:code.co_argcount + code.co_kwonlyargcount])
     return ast.Module(body=[ast.Expr(n) for n in ast.walk(module) if isinstance(n, ast.Lambda)
                             and n.lineno == code.co_firstlineno and _parameters(n) == params], type_ignores=[]), 1
+
+
+def _names_neighbour_lists(code: types.CodeType) -> bool:
+    """Whether ``code`` or a function, lambda or comprehension defined in it reads an
+    attribute ``innbs`` or ``inedges`` (a vertex's neighbour lists)."""
+    return bool({"innbs", "inedges"} & set(code.co_names)) or any(
+        _names_neighbour_lists(const) for const in code.co_consts if isinstance(const, types.CodeType))
 
 
 def _parameters(definition: ast.FunctionDef | ast.Lambda) -> list[str]:
@@ -1023,6 +1037,10 @@ _CARRIED = ("a value an earlier pass of a loop over v.innbs / v.inedges left (a 
 _STATEFUL = ("next() in a loop or comprehension over v.innbs / v.inedges of an iterator made outside it steps it "
              "once at trace time, once per neighbour in eager code; a neighbour's position is not known -- "
              "aggregate every neighbour (sum, max, min)")
+_NO_SOURCE = ("the source of {name} cannot be read (code run by exec() or compile() from a string): gnnfuse checks "
+              "a vertex function's syntax, and that of the helpers given a neighbour list, for Python that counts or "
+              "orders neighbours (n += 1, enumerate, a running total, break), which the trace, run for one symbolic "
+              "neighbour, would turn into a constant; define it in a file or a notebook cell, whose source Python keeps")
 _HELPER_STATE = ("a function called once per neighbour (in a loop or comprehension over v.innbs / v.inedges) "
                  "keeps state between calls (changes and reads back a nonlocal or global name, or a container it "
                  "does not make anew each call -- a closure's, a module's, or one made before the loop and passed "
