@@ -98,7 +98,7 @@ def test_layer_compiles_and_matches_pyg(name, backend, monkeypatch):
 def test_untraceable_layer_falls_back_once_naming_the_construct(name, construct):
     ours, theirs = twins(name)
     data = inputs(name)
-    gnnfuse.nn.message_passing._WARNED.discard(type(ours))
+    gnnfuse.nn.message_passing._WARNED.pop(type(ours), None)
     with warnings.catch_warnings(record=True) as caught, record_calls() as calls:
         warnings.simplefilter("always")
         first = run(ours, data)
@@ -112,6 +112,53 @@ def test_untraceable_layer_falls_back_once_naming_the_construct(name, construct)
     reference = run(theirs, data)
     assert_same(first, reference)
     assert_same(second, reference)
+
+
+def test_a_fallback_warns_once_per_cause_not_once_per_class():
+    """A class warned about one cause (decomposed_layers on one layer) stayed silent about
+    another (a hook on a second layer of the class); each cause now warns once, a
+    100-step loop once, and bipartite sizes changing every step count as one cause. Both
+    fallbacks give PyG's numbers, outputs and gradients, in float64."""
+    class Weighted(gnnfuse.nn.MessagePassing):
+        def __init__(self, **kwargs):
+            super().__init__(aggr="add", **kwargs)
+
+        def forward(self, x, edge_index, w, size=None):
+            return self.propagate(edge_index, x=x, w=w, size=size)
+
+        def message(self, x_j, w):
+            return x_j * w.view(-1, 1)
+
+    class PyGWeighted(pyg_nn.MessagePassing):
+        def forward(self, x, edge_index, w):
+            return self.propagate(edge_index, x=x, w=w)
+
+        def message(self, x_j, w):
+            return x_j * w.view(-1, 1)
+
+    gen = torch.Generator().manual_seed(0)
+    edge_index = torch.randint(0, 6, (2, 20), generator=gen)
+    x = torch.randn(6, 4, dtype=torch.float64, generator=gen, requires_grad=True)
+    w = torch.randn(20, dtype=torch.float64, generator=gen, requires_grad=True)
+    split, hooked, plain = Weighted(decomposed_layers=2), Weighted(), Weighted()
+    hooked.register_propagate_forward_hook(lambda module, inputs, out: None)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(100):
+            outs = [split(x, edge_index, w), hooked(x, edge_index, w)]
+        for rows in range(7, 11):       # bipartite: a mini-batch's sizes
+            plain(x, edge_index, w, size=(6, rows))
+    messages = fallback_warnings(caught)
+    assert len(messages) == 3, messages
+    assert "decomposed_layers=2" in messages[0] and "registered hooks" in messages[1], messages
+    assert "bipartite" in messages[2], messages
+    expected = PyGWeighted(aggr="add")(x, edge_index, w)
+    for out in outs:
+        got = torch.autograd.grad(out, (x, w), torch.ones_like(out))
+        want = torch.autograd.grad(expected, (x, w), torch.ones_like(expected), retain_graph=True)
+        torch.testing.assert_close(out, expected, rtol=0, atol=1e-12)
+        for g, e in zip(got, want):
+            torch.testing.assert_close(g, e, rtol=0, atol=1e-12)
 
 
 def count_traces(monkeypatch) -> list[int]:
@@ -265,7 +312,7 @@ def test_sparse_adjacency_runs_pyg_semantics():
     x = inputs("mean_sage")[0]
     adj_t = torch.sparse_coo_tensor(EDGES.flip(0), torch.ones(EDGES.shape[1], dtype=torch.float64),
                                     (NUM_NODES, NUM_NODES)).coalesce()
-    gnnfuse.nn.message_passing._WARNED.discard(type(ours))
+    gnnfuse.nn.message_passing._WARNED.pop(type(ours), None)
     with warnings.catch_warnings(record=True) as caught, record_calls() as calls:
         warnings.simplefilter("always")
         out = ours(x, adj_t)
@@ -751,7 +798,7 @@ def test_a_refusal_inside_pyg_code_names_the_users_line_that_called_it():
     """PyG's softmax reached through a helper fell back naming a line of PyG's own code
     (torch_geometric/utils/_scatter.py), not the user's call."""
     layer = _AttentionInAHelper()
-    gnnfuse.nn.message_passing._WARNED.discard(type(layer))
+    gnnfuse.nn.message_passing._WARNED.pop(type(layer), None)
     x, edge_index = torch.randn(5, 3, dtype=torch.float64), torch.tensor([[0, 1, 2, 3, 4], [1, 2, 3, 4, 0]])
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -826,7 +873,7 @@ def test_a_hook_pyg_runs_on_the_aggregation_module_runs_pyg_propagate(hook, reas
                     lambda m, args: (args[0] * 2,) + args[1:]),
                 "every module": lambda layer: torch_module.register_module_forward_hook(
                     lambda m, args, out: out * 3 if isinstance(m, pyg_nn.aggr.Aggregation) else None)}[hook]
-    gnnfuse.nn.message_passing._WARNED.discard(type(ours))
+    gnnfuse.nn.message_passing._WARNED.pop(type(ours), None)
     handles = [register(ours)] + ([register(theirs)] if hook != "every module" else [])
     try:
         with warnings.catch_warnings(record=True) as caught, record_calls() as calls:
@@ -857,7 +904,7 @@ def test_a_method_set_on_the_aggregation_module_runs_pyg_propagate(method, backe
     for layer in (ours, theirs):
         own = getattr(layer.aggr_module, method)
         setattr(layer.aggr_module, method, lambda *args, own=own, **kwargs: own(*args, **kwargs) * 3)
-    gnnfuse.nn.message_passing._WARNED.discard(type(ours))
+    gnnfuse.nn.message_passing._WARNED.pop(type(ours), None)
     with warnings.catch_warnings(record=True) as caught, record_calls() as calls:
         warnings.simplefilter("always")
         result = run(ours, data, edges)
@@ -879,7 +926,7 @@ def test_a_backward_hook_on_a_module_message_calls_runs_pyg_propagate(backend, m
     device = device_for(backend)
     ours, theirs = (layer.to(device) for layer in twins("edge_mlp"))
     data, edges = tuple(t.to(device) for t in inputs("edge_mlp")), EDGES.to(device)
-    gnnfuse.nn.message_passing._WARNED.discard(type(ours))
+    gnnfuse.nn.message_passing._WARNED.pop(type(ours), None)
     for layer in (ours, theirs):
         layer.edge_mlp[0].register_full_backward_hook(lambda m, grad_in, grad_out: (grad_in[0] * 5,))
     with warnings.catch_warnings(record=True) as caught, record_calls() as calls:
@@ -901,7 +948,7 @@ def test_a_forward_hook_recording_a_module_message_calls_runs_pyg_propagate(back
     device = device_for(backend)
     ours, theirs = (layer.to(device) for layer in twins("edge_mlp"))
     data, edges = tuple(t.to(device) for t in inputs("edge_mlp")), EDGES.to(device)
-    gnnfuse.nn.message_passing._WARNED.discard(type(ours))
+    gnnfuse.nn.message_passing._WARNED.pop(type(ours), None)
     recorded_ours, recorded_theirs = [], []
     handles = [ours.edge_mlp[0].register_forward_hook(lambda module, args, out: recorded_ours.append(out.detach())),
                theirs.edge_mlp[0].register_forward_hook(lambda module, args, out: recorded_theirs.append(out))]

@@ -20,7 +20,7 @@ program, for ``aggr`` 'add'/'sum', 'mean', 'max', 'min' and 'softmax' (see
 the aggregated rows. Where that cannot reproduce PyG exactly -- a construct ``message``
 uses that the tracer rejects, an overridden ``aggregate``, a custom aggregation, sparse
 adjacency, bipartite sizes, hooks, ``explain`` -- it runs PyG's own ``propagate`` and warns
-once per class, naming the construct and line. PyG (``torch_geometric``) is therefore
+once per class and cause, naming the construct and line. PyG (``torch_geometric``) is therefore
 required by this class only; the rest of gnnfuse does not need it. TorchScript
 (``jittable()``) is not supported: PyG's template-generated ``propagate`` is replaced.
 """
@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import re
 from typing import Any, Callable, Iterator
 
 import torch
@@ -50,14 +51,14 @@ from .torchscript import NotScriptable
 # PyG runs the generic one only in explain mode or with ``decomposed_layers`` (see
 # `_eager_propagate`).
 _EAGER_PROPAGATE = PyGMessagePassing.__dict__.get("_orig_propagate", PyGMessagePassing.propagate)
-_WARNED: set[type] = set()
+_WARNED: dict[type, set[str]] = {}     # class -> the causes it has been warned about (`_warn_once`)
 _EAGER_FLAG = "_gnnfuse_eager"      # an instance attribute: set by `eagerly`, read by `propagate`
 
 
 class MessagePassing(NotScriptable, PyGMessagePassing):
     """``torch_geometric.nn.MessagePassing`` whose ``propagate`` compiles ``message`` and
     the aggregation into one program (falling back to PyG's eager ``propagate``, with a
-    one-time warning per class, where it cannot)."""
+    one-time warning per class and cause, where it cannot)."""
 
     def propagate(self, edge_index: Any, size: Any = None, **kwargs: Any) -> Any:
         if isinstance(edge_index, Graph):
@@ -156,7 +157,13 @@ def _int64_index(edge_index: Any) -> Any:
 
 
 def _warn_once(cls: type, reason: str) -> None:
-    if cls in _WARNED:
+    """Warn once per class and cause: a class warned about one construct (a hook on one
+    layer) was silent about another (``decomposed_layers`` on a second layer of the
+    class). The cause is the reason without its numbers, so a mini-batch loop's bipartite
+    sizes or a tensor's shape changing every step warn once."""
+    cause = re.sub(r"0x[0-9a-fA-F]+|\d+", "#", reason)
+    causes = _WARNED.setdefault(cls, set())
+    if cause in causes:
         return
-    _WARNED.add(cls)
+    causes.add(cause)
     warn(f"{cls.__name__}.propagate runs PyG's eager message passing (not compiled): {reason}")
