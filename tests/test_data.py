@@ -65,6 +65,18 @@ def test_pubmed_has_real_topology_and_random_features(shared_data):
     assert_symmetric_simple(d)
 
 
+def test_pubmeds_random_features_are_warned_about_at_the_callers_line(shared_data):
+    """Through load_dataset the warning pointed at gnnfuse/data/registry.py (stacklevel=3
+    counted from the planetoid reader); it is shown at the user's call."""
+    import sys
+    import warnings
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        line = sys._getframe().f_lineno + 1
+        load_dataset("pubmed", shared_data)
+    assert [(w.filename, w.lineno) for w in caught if "allx" in str(w.message)] == [(__file__, line)]
+
+
 def test_npz_directed_counts_and_random_split(shared_data):
     cora = load_npz("cora", shared_data)
     citeseer = load_npz("citeseer", shared_data)

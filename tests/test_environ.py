@@ -203,3 +203,23 @@ def test_a_misspelled_variable_name_is_warned_about(name, monkeypatch):
     monkeypatch.setenv(name, "1")
     with pytest.warns(RuntimeWarning, match=f"{name}.*did you mean"):
         gnn.GCNConv(3, 2)(torch.randn(4, 3), torch.tensor([[0, 1], [1, 2]]))
+
+
+def test_a_misspelled_variable_name_is_warned_about_at_the_callers_line(monkeypatch):
+    """It pointed at gnnfuse/runtime/compiled.py (a fixed stacklevel=4); it is shown at
+    the user's call of the layer."""
+    import sys
+    import warnings
+
+    import torch
+
+    import gnnfuse.nn as gnn
+    from gnnfuse.runtime import settings_check
+    monkeypatch.setattr(settings_check, "_LAST", [None])
+    monkeypatch.setenv("GNNFUSE_BACKNED", "cpu")
+    layer, x, edge_index = gnn.GCNConv(3, 2), torch.randn(4, 3), torch.tensor([[0, 1], [1, 2]])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        line = sys._getframe().f_lineno + 1
+        layer(x, edge_index)
+    assert [(w.filename, w.lineno) for w in caught if "did you mean" in str(w.message)] == [(__file__, line)]

@@ -16,6 +16,7 @@ import scipy.sparse as sp
 import torch
 
 from ..graph import Graph
+from ..user_warning import warn
 from .dataset import DataFileError, NodeDataset, index_mask, reading, row_normalize
 from .planetoid_source import ensure_planetoid
 
@@ -145,11 +146,11 @@ def _pubmed_features(x_train, x_test: np.ndarray, first_test: int, num_nodes: in
     x_known[:x_train.shape[0]] = torch.from_numpy(_dense(x_train))
     x_known[first_test:] = torch.from_numpy(x_test)
     known = index_mask(num_nodes, np.concatenate([np.arange(x_train.shape[0]), test_index]))
-    warnings.warn(
+    warn(
         f"pubmed: ind.pubmed.allx is not in the folder read, so x holds SEEDED RANDOM features for all "
         f"{num_nodes} nodes (topology, labels and split are real; the {int(known.sum())} real "
         "feature rows are in dataset.x_known[dataset.x_known_mask]). Accuracies are not "
-        "comparable with published pubmed results.", UserWarning, stacklevel=3)
+        "comparable with published pubmed results.", UserWarning)
     generator = torch.Generator().manual_seed(0)
     x = row_normalize(torch.rand(num_nodes, width, generator=generator))
     return x, row_normalize(x_known), known

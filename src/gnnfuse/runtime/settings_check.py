@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import difflib
 import os
-import warnings
 
 from ..backend.cpu.schedule import FEATURE_TILE_ENV, feature_tile
 from ..backend.forced_schedule import SCHEDULE_ENV, TILED_SCORES_ENV, schedule_variable, tiled_scores
 from ..environ import Variables, count, flag
 from ..ir.ops.typed_aggregate import ORDER_ENV, forced_order
+from ..user_warning import warn
 
 SWITCHES = ("GNNFUSE_AUTOTUNE", "GNNFUSE_SIBLING_KERNELS", "GNNFUSE_PAIR_SOURCES", "GNNFUSE_CHECK_CONFIGS")
 COMPILE_THREADS_ENV = "GNNFUSE_COMPILE_THREADS"     # backend/triton/parallel_compile.py's; not imported:
@@ -58,5 +58,5 @@ def _warn_misspelled() -> None:
         if upper.startswith("GNNFUSE_") and name not in KNOWN:
             close = [upper] if upper in KNOWN else difflib.get_close_matches(upper, KNOWN, n=1, cutoff=0.85)
             if close:
-                warnings.warn(f"gnnfuse reads no variable {name}; did you mean {close[0]}? "
-                              f"({name} is ignored)", RuntimeWarning, stacklevel=4)
+                warn(f"gnnfuse reads no variable {name}; did you mean {close[0]}? ({name} is ignored)",
+                     RuntimeWarning)
