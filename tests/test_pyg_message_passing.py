@@ -114,6 +114,26 @@ def test_untraceable_layer_falls_back_once_naming_the_construct(name, construct)
     assert_same(second, reference)
 
 
+def test_a_layer_without_source_overriding_aggregate_falls_back_as_pyg_runs_it():
+    """Naming the overriding aggregate() read its source, and a class exec'd from a string
+    (a REPL, ``python -c``) has none: the call died with inspect's "OSError: could not get
+    source code" where PyG's layer runs. It falls back, naming the line and file."""
+    source = ("class Own(Base):\n"
+              "    def __init__(self):\n        super().__init__(aggr='add')\n"
+              "    def forward(self, x, edge_index):\n        return self.propagate(edge_index, x=x)\n"
+              "    def message(self, x_j):\n        return x_j * 2\n"
+              "    def aggregate(self, inputs, index, ptr=None, dim_size=None):\n"
+              "        return super().aggregate(inputs, index, ptr, dim_size) * 3\n")
+    ours, theirs = {"Base": gnnfuse.nn.MessagePassing}, {"Base": pyg_nn.MessagePassing}
+    exec(source, ours)
+    exec(source, theirs)
+    x = torch.randn(6, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got = ours["Own"]()(x, EDGES)
+    assert any("Own overrides aggregate() (line 8 of <string>)" in m for m in fallback_warnings(caught))
+    torch.testing.assert_close(got, theirs["Own"]()(x, EDGES), rtol=0, atol=1e-12)
+
 def test_a_fallback_warns_once_per_cause_not_once_per_class():
     """A class warned about one cause (decomposed_layers on one layer) stayed silent about
     another (a hook on a second layer of the class); each cause now warns once, a

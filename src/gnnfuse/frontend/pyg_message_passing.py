@@ -344,10 +344,13 @@ def _collect(layer: PyGMessagePassing, params: list[str], kwargs: Mapping[str, A
 def _aggregation(layer: PyGMessagePassing) -> str:
     if "aggregate" in vars(layer):     # PyG's propagate calls self.aggregate: the instance's
         raise NotCompilable(f"aggregate() is set on the instance ({vars(layer)['aggregate']!r})")
-    if type(layer).aggregate is not PyGMessagePassing.aggregate:
-        raise NotCompilable(f"{type(layer).__name__} overrides aggregate() (line "
-                            f"{inspect.getsourcelines(type(layer).aggregate)[1]} of "
-                            f"{inspect.getsourcefile(type(layer).aggregate)})")
+    own = type(layer).aggregate
+    if own is not PyGMessagePassing.aggregate:
+        # named by its code object: inspect's source lookup raised OSError for a class
+        # exec'd from a string (PyG runs such a layer), which crashed the call
+        code = getattr(own, "__code__", None)
+        where = f" (line {code.co_firstlineno} of {code.co_filename})" if code is not None else ""
+        raise NotCompilable(f"{type(layer).__name__} overrides aggregate(){where}")
     op = AGGREGATIONS.get(type(layer.aggr_module))
     if op is None:
         raise NotCompilable(f"aggr={layer.aggr!r} (only 'add'/'sum', 'mean', 'max', 'min' and 'softmax' compile)")
