@@ -1040,7 +1040,8 @@ _STATEFUL = ("next() in a loop or comprehension over v.innbs / v.inedges of an i
 _NO_SOURCE = ("the source of {name} cannot be read (code run by exec() or compile() from a string): gnnfuse checks "
               "a vertex function's syntax, and that of the helpers given a neighbour list, for Python that counts or "
               "orders neighbours (n += 1, enumerate, a running total, break), which the trace, run for one symbolic "
-              "neighbour, would turn into a constant; define it in a file or a notebook cell, whose source Python keeps")
+              "neighbour, would turn into a constant; define it in a file or a notebook cell, whose source Python "
+              "keeps")
 _HELPER_STATE = ("a function called once per neighbour (in a loop or comprehension over v.innbs / v.inedges) "
                  "keeps state between calls (changes and reads back a nonlocal or global name, or a container it "
                  "does not make anew each call -- a closure's, a module's, or one made before the loop and passed "
