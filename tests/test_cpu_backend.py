@@ -354,7 +354,7 @@ def test_numba_functions_outside_generated_kernels_compile_while_a_trace_swaps_b
     assert numba.njit(scalar._rounded.py_func)(1.0 / 3.0, 11, -24, 65504.0) == float(torch.tensor(1 / 3).half())
 
 
-def test_a_processs_first_numba_compile_during_a_trace_leaves_numba_working():
+def test_a_processs_first_numba_compile_during_a_trace_leaves_numba_working(tmp_path):
     """Numba loads its typing registries at a process's first compile, typing the
     builtins it then finds: a first compile during a vertex function's trace (here from
     the function itself; a loader thread's first hop alike) met the trace's stand-ins and
@@ -376,7 +376,9 @@ print(mean(graph, {"h": torch.tensor([[1.0], [3.0]])}).flatten().tolist())
 print(numba.njit(lambda a: len(a) + max(a[0], a[1]))(np.arange(3)))
 """
     env = {k: v for k, v in os.environ.items() if k != "NUMBA_DISABLE_JIT"} | {"GNNFUSE_BACKEND": "reference"}
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, env=env)
+    (tmp_path / "first_compile.py").write_text(script)     # a file: a vertex function's source is read
+    done = subprocess.run([sys.executable, str(tmp_path / "first_compile.py")], capture_output=True, text=True,
+                          timeout=300, env=env)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split() == ["[3.0,", "2.0]", "4"]
 

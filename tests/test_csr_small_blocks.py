@@ -41,15 +41,20 @@ def test_smallest_autotuned_blocks_match_the_reference(name, monkeypatch):
         torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-12)
 
 
-def test_a_tuned_kernel_loads_with_warnings_as_errors():
+def test_a_tuned_kernel_loads_with_warnings_as_errors(tmp_path):
     """A tuned kernel's decorator gave Triton's autotuner ``warmup=3, rep=10``, which
     Triton deprecated (3.6 warns as each kernel module loads): on a GPU, a program run
     with warnings as errors (``-W error``, pytest's filterwarnings) failed to load any
-    tuned kernel. The timing settings travel in ``do_bench`` where Triton takes it."""
+    tuned kernel. The timing settings travel in ``do_bench`` where Triton takes it. The
+    module is loaded from a file, as the kernel cache loads it (``triton.jit`` outside
+    the interpreter reads its function's source)."""
+    import importlib.util
     import warnings
     decorator = codegen._decorator(True, {"BLOCK_E": (4, 8)}, "size_class", False)
-    source = (f"import triton\nimport triton.language as tl\n{decorator}\n"
-              "def kernel(x, size_class, BLOCK_E: tl.constexpr):\n    pass\n")
+    path = tmp_path / "tuned_kernel.py"
+    path.write_text(f"import triton\nimport triton.language as tl\n\n\n{decorator}\n"
+                    "def kernel(x, size_class, BLOCK_E: tl.constexpr):\n    pass\n")
+    spec = importlib.util.spec_from_file_location("tuned_kernel", path)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        exec(compile(source, "<tuned kernel>", "exec"), {})
+        spec.loader.exec_module(importlib.util.module_from_spec(spec))
