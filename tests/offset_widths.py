@@ -88,38 +88,47 @@ def _definitions(ir: str) -> dict[str, tuple[str, str]]:
     return defs
 
 
-def narrow_index_products(ir: str) -> list[str]:
-    """The 32-bit (``i32``) multiplications in ``ir`` that feed a pointer offset
-    (``tt.addptr``) and take a value derived from a load (a row index read from memory),
-    as IR lines: each is an ``index * stride`` that wraps on a table of 2^31 elements."""
-    defs = _definitions(ir)
+def _operands(rest: str) -> list[str]:
+    """The SSA names an op's line reads (its operands, before the ``: type``)."""
+    return _NAME.findall(rest.split(" : ")[0])
 
-    def operands(rest: str) -> list[str]:
-        return _NAME.findall(rest.split(" : ")[0])
 
-    def loaded(name: str, seen: set[str]) -> bool:
-        if name in seen or name not in defs:
-            return False
-        seen.add(name)
-        op, rest = defs[name]
-        return op == "tt.load" or (op in _THROUGH and any(loaded(o, seen) for o in operands(rest)))
-
-    found = []
-    for op, rest in defs.values():
+def _offset_producers(defs: dict[str, tuple[str, str]]):
+    """Each value feeding a pointer offset (``tt.addptr``'s second operand) through ops an
+    offset passes through unchanged in kind (`_THROUGH`): (name, op, rest of its line)."""
+    for op, rest in list(defs.values()):
         if op != "tt.addptr":
             continue
-        stack, seen = [operands(rest)[1]], set()
+        stack, seen = [_operands(rest)[1]], set()
         while stack:
             name = stack.pop()
             if name in seen or name not in defs:
                 continue
             seen.add(name)
             inner, inner_rest = defs[name]
-            narrow = inner_rest.split(" : ")[-1].strip().endswith(("xi32>", "i32"))
-            if inner == "arith.muli" and narrow and any(loaded(o, set()) for o in operands(inner_rest)):
-                found.append(f"{name} = {inner} {inner_rest.strip()}")
+            yield name, inner, inner_rest
             if inner in _THROUGH:
-                stack.extend(operands(inner_rest))
+                stack.extend(_operands(inner_rest))
+
+
+def narrow_index_products(ir: str) -> list[str]:
+    """The 32-bit (``i32``) multiplications in ``ir`` that feed a pointer offset
+    (``tt.addptr``) and take a value derived from a load (a row index read from memory),
+    as IR lines: each is an ``index * stride`` that wraps on a table of 2^31 elements."""
+    defs = _definitions(ir)
+
+    def loaded(name: str, seen: set[str]) -> bool:
+        if name in seen or name not in defs:
+            return False
+        seen.add(name)
+        op, rest = defs[name]
+        return op == "tt.load" or (op in _THROUGH and any(loaded(o, seen) for o in _operands(rest)))
+
+    found = []
+    for name, op, rest in _offset_producers(defs):
+        narrow = rest.split(" : ")[-1].strip().endswith(("xi32>", "i32"))
+        if op == "arith.muli" and narrow and any(loaded(o, set()) for o in _operands(rest)):
+            found.append(f"{name} = {op} {rest.strip()}")
     return found
 
 
@@ -131,25 +140,13 @@ def narrow_program_products(ir: str, programs: int) -> list[str]:
     constants = {name: int(rest.split(" : ")[0]) for name, (op, rest) in defs.items()
                  if op == "arith.constant" and re.fullmatch(r"-?\d+ : i32", rest.strip())}
     found = []
-    for op, rest in defs.values():
-        if op != "tt.addptr":
-            continue
-        stack, seen = [_NAME.findall(rest.split(" : ")[0])[1]], set()
-        while stack:
-            name = stack.pop()
-            if name in seen or name not in defs:
-                continue
-            seen.add(name)
-            inner, inner_rest = defs[name]
-            args = _NAME.findall(inner_rest.split(" : ")[0])
-            if inner == "arith.muli" and inner_rest.split(" : ")[-1].strip() == "i32":
-                ids = [a for a in args if defs.get(a, ("", ""))[0] == "tt.get_program_id"
-                       and defs[a][1].startswith("x")]
-                factor = [constants[a] for a in args if a in constants]
-                if ids and factor and (programs - 1) * factor[0] > 2**31 - 1:
-                    found.append(f"{name} = {inner} {inner_rest.strip()}")
-            if inner in _THROUGH:
-                stack.extend(args)
+    for name, op, rest in _offset_producers(defs):
+        if op == "arith.muli" and rest.split(" : ")[-1].strip() == "i32":
+            args = _operands(rest)
+            ids = [a for a in args if defs.get(a, ("", ""))[0] == "tt.get_program_id" and defs[a][1].startswith("x")]
+            factor = [constants[a] for a in args if a in constants]
+            if ids and factor and (programs - 1) * factor[0] > 2**31 - 1:
+                found.append(f"{name} = {op} {rest.strip()}")
     return found
 
 
