@@ -50,3 +50,98 @@ def test_a_leading_tilde_in_the_cache_variables_is_the_home_folder(tmp_path, mon
     monkeypatch.setenv(tuned_schedule.PATH_ENV, "~/t.json")
     assert tuned_schedule.cache_path() == tmp_path / "t.json"
     assert not (tmp_path / "~").exists()
+
+
+# One process of `test_two_processes_compiling_one_kernel_for_different_dtypes_keep_numba_s_cache_consistent`:
+# compiles the kernel for its dtype with Numba's cache save forced into the interleaving that
+# paired one signature's index entry with the other's machine code (files in argv[3] signal).
+_RACING_COMPILE = r'''
+import sys, time
+from pathlib import Path
+import numpy as np
+import numba.core.caching as caching
+from gnnfuse.backend import kernel_cache
+
+role, dtype, signals = sys.argv[1], sys.argv[2], Path(sys.argv[3])
+def signal(name):
+    (signals / name).touch()
+def wait(name, limit=None):      # limit: a wait the cross-process lock makes impossible
+    start = time.monotonic()
+    while not (signals / name).exists() and (limit is None or time.monotonic() - start < limit):
+        time.sleep(0.02)
+save_overload = caching.Cache.save_overload
+save, load_index = caching.IndexDataCacheFile.save, caching.IndexDataCacheFile._load_index
+save_index, save_data = caching.IndexDataCacheFile._save_index, caching.IndexDataCacheFile._save_data
+saving = []
+def patched_save_overload(self, sig, data):      # B's save starts once A's has read the index
+    if role == "B":
+        wait("A_loaded")
+    save_overload(self, sig, data)
+def patched_save(self, key, data):
+    saving.append(True)
+    save(self, key, data)
+def patched_load_index(self):
+    overloads = load_index(self)
+    if saving:
+        signal(f"{role}_loaded")
+        if role == "A":
+            wait("B_loaded", limit=2)
+    return overloads
+def patched_save_index(self, overloads):
+    if role == "B":
+        wait("A_index", limit=2)
+    save_index(self, overloads)
+    signal(f"{role}_index")
+def patched_save_data(self, name, data):
+    if role == "A":
+        wait("B_data", limit=2)
+    save_data(self, name, data)
+    signal(f"{role}_data")
+if role in ("A", "B"):
+    caching.Cache.save_overload = patched_save_overload
+    caching.IndexDataCacheFile.save = patched_save
+    caching.IndexDataCacheFile._load_index = patched_load_index
+    caching.IndexDataCacheFile._save_index = patched_save_index
+    caching.IndexDataCacheFile._save_data = patched_save_data
+source = "import numba\n@numba.njit(cache=True)\ndef racing_kernel(x, out):\n    for i in range(x.shape[0]):\n        out[i] = x[i] * 2 + 1\n"
+kernel = kernel_cache.load_kernel(source, "racing_kernel")
+x = np.arange(5, dtype=dtype)
+out = np.zeros(5, dtype=dtype)
+kernel(x, out)
+print(out.tolist())
+'''
+
+
+def test_two_processes_compiling_one_kernel_for_different_dtypes_keep_numba_s_cache_consistent(tmp_path):
+    """Numba saves a new signature's machine code by reading its index, picking the first
+    free data file, then writing the index and the data file, unlocked. Two processes
+    compiling one cached kernel for float32 and float64 at once both picked ``1.nbc``:
+    the index kept the float64 entry, the data file the float32 code, and every later
+    float64 process loaded float32 code and failed deep inside Numba ("can't unbox array
+    from PyObject into native value") until the cache folder was deleted."""
+    import os
+    import subprocess
+    import sys
+    script = tmp_path / "racing_compile.py"
+    script.write_text(_RACING_COMPILE)
+    signals = tmp_path / "signals"
+    signals.mkdir()
+    env = {**os.environ, "GNNFUSE_CACHE": str(tmp_path / "cache")}
+
+    def start(role: str, dtype: str) -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, str(script), role, dtype, str(signals)], env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    racing = [start("A", "float32"), start("B", "float64")]
+    readers = []
+    try:
+        for process in racing:
+            out, err = process.communicate(timeout=300)
+            assert process.returncode == 0, err[-2000:]
+    finally:
+        for process in racing:
+            process.kill()
+    for dtype in ("float64", "float32"):       # later processes: load the machine code from the cache
+        reader = start("reader", dtype)
+        out, err = reader.communicate(timeout=300)
+        readers.append((reader.returncode, out.strip(), err[-2000:]))
+    assert readers == [(0, "[1.0, 3.0, 5.0, 7.0, 9.0]", readers[0][2]), (0, "[1.0, 3.0, 5.0, 7.0, 9.0]", readers[1][2])]

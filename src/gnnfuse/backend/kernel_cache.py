@@ -10,12 +10,18 @@ A source this process writes has no machine code cached yet, so its first call c
 from __future__ import annotations
 
 import builtins
+import functools
 import hashlib
 import importlib.util
 import os
 import sys
 import threading
 from pathlib import Path
+
+try:
+    import fcntl
+except ImportError:     # not POSIX
+    fcntl = None
 
 _KERNELS: dict[str, object] = {}
 _LOADING = threading.Lock()     # threads of one process loading kernels: one writes, imports and registers
@@ -79,8 +85,41 @@ def _load(source: str, name: str, digest: str) -> None:
     module.__dict__.update(_BUILTINS)
     spec.loader.exec_module(module)
     _KERNELS[digest] = getattr(module, name)
+    _lock_numba_cache_saves(_KERNELS[digest])
     if written:
         _NEW.add(id(_KERNELS[digest]))
+
+
+def _lock_numba_cache_saves(kernel: object) -> None:
+    """Make ``kernel``'s Numba disk-cache saves (if it is a ``cache=True`` dispatcher) take
+    a lock beside its index file (POSIX ``flock``).
+
+    Numba saves a newly compiled signature by reading the index, picking the first data
+    file no entry names, then writing the index and that file, with no lock. Two
+    processes compiling one kernel for different signatures at once (two scripts, float32
+    and float64; ranks) both picked ``1.nbc``: the index kept one's entry and the data
+    file the other's machine code, and every later process of that signature loaded the
+    wrong code ("can't unbox array from PyObject into native value") until the cache was
+    deleted. Held, the lock makes the second save read the first's index and pick another
+    file. A Numba without these internals, or no ``fcntl`` (Windows), saves unlocked."""
+    index = getattr(getattr(kernel, "_cache", None), "_cache_file", None)
+    if fcntl is not None and hasattr(index, "_index_path") and hasattr(index, "save"):
+        index.__class__ = _locked_index_class(type(index))
+
+
+@functools.cache
+def _locked_index_class(index_class: type) -> type:
+    """``index_class`` (Numba's ``IndexDataCacheFile``) with `_lock_numba_cache_saves`' lock."""
+    class LockedIndexDataCacheFile(index_class):
+        def save(self, key, data):
+            try:
+                lock = open(f"{self._index_path}.lock", "a")     # noqa: SIM115 (closed below)
+            except OSError:     # Numba checked the folder is writable; if not, its own save says so
+                return super().save(key, data)
+            with lock:      # closing releases the flock
+                fcntl.flock(lock, fcntl.LOCK_EX)
+                return super().save(key, data)
+    return LockedIndexDataCacheFile
 
 
 def first_call_compiles(kernel: object) -> bool:
