@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import hashlib
 
+import pytest
+
 from gnnfuse.backend import kernel_cache
 
 
@@ -62,7 +64,7 @@ import numpy as np
 import numba.core.caching as caching
 from gnnfuse.backend import kernel_cache
 
-role, dtype, signals = sys.argv[1], sys.argv[2], Path(sys.argv[3])
+role, dtype, signals, target = sys.argv[1], sys.argv[2], Path(sys.argv[3]), sys.argv[4]
 def signal(name):
     (signals / name).touch()
 def wait(name, limit=None):      # limit: a wait the cross-process lock makes impossible
@@ -103,22 +105,27 @@ if role in ("A", "B"):
     caching.IndexDataCacheFile._load_index = patched_load_index
     caching.IndexDataCacheFile._save_index = patched_save_index
     caching.IndexDataCacheFile._save_data = patched_save_data
-source = "import numba\n@numba.njit(cache=True)\ndef racing_kernel(x, out):\n    for i in range(x.shape[0]):\n        out[i] = x[i] * 2 + 1\n"
-kernel = kernel_cache.load_kernel(source, "racing_kernel")
 x = np.arange(5, dtype=dtype)
 out = np.zeros(5, dtype=dtype)
-kernel(x, out)
+if target == "generated":
+    source = "import numba\n@numba.njit(cache=True)\ndef racing_kernel(x, out):\n    for i in range(x.shape[0]):\n        out[i] = x[i] * 2\n"
+    kernel_cache.load_kernel(source, "racing_kernel")(x, out)
+else:    # dropout's mask, every element kept (threshold 0), scaled by 2
+    from gnnfuse.backend.cpu.random_mask import _masked_scale
+    _masked_scale(x, out, np.uint64(1), np.uint64(0), x.dtype.type(2.0))
 print(out.tolist())
 '''
 
 
-def test_two_processes_compiling_one_kernel_for_different_dtypes_keep_numba_s_cache_consistent(tmp_path):
+@pytest.mark.parametrize("target", ["generated", "dropout"])
+def test_two_processes_compiling_one_kernel_for_different_dtypes_keep_numba_s_cache_consistent(target, tmp_path):
     """Numba saves a new signature's machine code by reading its index, picking the first
     free data file, then writing the index and the data file, unlocked. Two processes
     compiling one cached kernel for float32 and float64 at once both picked ``1.nbc``:
     the index kept the float64 entry, the data file the float32 code, and every later
     float64 process loaded float32 code and failed deep inside Numba ("can't unbox array
-    from PyObject into native value") until the cache folder was deleted."""
+    from PyObject into native value") until the cache folder was deleted. So for a
+    generated kernel, and for the CPU backend's dropout mask (in the package's cache)."""
     import os
     import subprocess
     import sys
@@ -126,10 +133,10 @@ def test_two_processes_compiling_one_kernel_for_different_dtypes_keep_numba_s_ca
     script.write_text(_RACING_COMPILE)
     signals = tmp_path / "signals"
     signals.mkdir()
-    env = {**os.environ, "GNNFUSE_CACHE": str(tmp_path / "cache")}
+    env = {**os.environ, "GNNFUSE_CACHE": str(tmp_path / "cache"), "NUMBA_CACHE_DIR": str(tmp_path / "numba")}
 
     def start(role: str, dtype: str) -> subprocess.Popen:
-        return subprocess.Popen([sys.executable, str(script), role, dtype, str(signals)], env=env,
+        return subprocess.Popen([sys.executable, str(script), role, dtype, str(signals), target], env=env,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     racing = [start("A", "float32"), start("B", "float64")]
     readers = []
@@ -144,4 +151,4 @@ def test_two_processes_compiling_one_kernel_for_different_dtypes_keep_numba_s_ca
         reader = start("reader", dtype)
         out, err = reader.communicate(timeout=300)
         readers.append((reader.returncode, out.strip(), err[-2000:]))
-    assert readers == [(0, "[1.0, 3.0, 5.0, 7.0, 9.0]", readers[0][2]), (0, "[1.0, 3.0, 5.0, 7.0, 9.0]", readers[1][2])]
+    assert readers == [(0, "[0.0, 2.0, 4.0, 6.0, 8.0]", readers[0][2]), (0, "[0.0, 2.0, 4.0, 6.0, 8.0]", readers[1][2])]

@@ -85,12 +85,12 @@ def _load(source: str, name: str, digest: str) -> None:
     module.__dict__.update(_BUILTINS)
     spec.loader.exec_module(module)
     _KERNELS[digest] = getattr(module, name)
-    _lock_numba_cache_saves(_KERNELS[digest])
+    lock_numba_cache_saves(_KERNELS[digest])
     if written:
         _NEW.add(id(_KERNELS[digest]))
 
 
-def _lock_numba_cache_saves(kernel: object) -> None:
+def lock_numba_cache_saves(kernel: object) -> None:
     """Make ``kernel``'s Numba disk-cache saves (if it is a ``cache=True`` dispatcher) take
     a lock beside its index file (POSIX ``flock``).
 
@@ -101,7 +101,8 @@ def _lock_numba_cache_saves(kernel: object) -> None:
     file the other's machine code, and every later process of that signature loaded the
     wrong code ("can't unbox array from PyObject into native value") until the cache was
     deleted. Held, the lock makes the second save read the first's index and pick another
-    file. A Numba without these internals, or no ``fcntl`` (Windows), saves unlocked."""
+    file. Generated kernels get it in `load_kernel`; the package's own ``cache=True``
+    kernels of several signatures (dropout's mask, per dtype) ask for it. A Numba without these internals, or no ``fcntl`` (Windows), saves unlocked."""
     index = getattr(getattr(kernel, "_cache", None), "_cache_file", None)
     if fcntl is not None and hasattr(index, "_index_path") and hasattr(index, "save"):
         index.__class__ = _locked_index_class(type(index))
@@ -109,7 +110,7 @@ def _lock_numba_cache_saves(kernel: object) -> None:
 
 @functools.cache
 def _locked_index_class(index_class: type) -> type:
-    """``index_class`` (Numba's ``IndexDataCacheFile``) with `_lock_numba_cache_saves`' lock."""
+    """``index_class`` (Numba's ``IndexDataCacheFile``) with `lock_numba_cache_saves`' lock."""
     class LockedIndexDataCacheFile(index_class):
         def save(self, key, data):
             try:
