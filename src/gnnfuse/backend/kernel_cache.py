@@ -18,6 +18,8 @@ import sys
 import threading
 from pathlib import Path
 
+from ..user_warning import warn
+
 try:
     import fcntl
 except ImportError:     # not POSIX
@@ -85,14 +87,15 @@ def _load(source: str, name: str, digest: str) -> None:
     module.__dict__.update(_BUILTINS)
     spec.loader.exec_module(module)
     _KERNELS[digest] = getattr(module, name)
-    lock_numba_cache_saves(_KERNELS[digest])
+    guard_numba_disk_cache(_KERNELS[digest])
     if written:
         _NEW.add(id(_KERNELS[digest]))
 
 
-def lock_numba_cache_saves(kernel: object) -> None:
-    """Make ``kernel``'s Numba disk-cache saves (if it is a ``cache=True`` dispatcher) take
-    a lock beside its index file (POSIX ``flock``).
+def guard_numba_disk_cache(kernel: object) -> None:
+    """Give ``kernel``'s Numba disk cache (if it is a ``cache=True`` dispatcher) a lock
+    beside its index file for saves (POSIX ``flock``), and have it recompile over an
+    index or data file that does not unpickle.
 
     Numba saves a newly compiled signature by reading the index, picking the first data
     file no entry names, then writing the index and that file, with no lock. Two
@@ -101,26 +104,58 @@ def lock_numba_cache_saves(kernel: object) -> None:
     file the other's machine code, and every later process of that signature loaded the
     wrong code ("can't unbox array from PyObject into native value") until the cache was
     deleted. Held, the lock makes the second save read the first's index and pick another
-    file. Generated kernels get it in `load_kernel`; the package's own ``cache=True``
-    kernels of several signatures (dropout's mask, per dtype) ask for it. A Numba without these internals, or no ``fcntl`` (Windows), saves unlocked."""
+    file. Generated kernels get the guard in `load_kernel`; the package's own ``cache=True``
+    kernels of several signatures (dropout's mask, per dtype) ask for it. A Numba
+    without these internals saves and loads as it did; without ``fcntl`` (Windows) saves
+    are unlocked.
+
+    A truncated or damaged index or data file (a disk error, a copy stopped midway) made
+    every later call fail inside Numba with "pickle data was truncated", naming no file;
+    it is machine code derived from the kernel's source, so it is now warned about once,
+    by name, and compiled again over."""
     index = getattr(getattr(kernel, "_cache", None), "_cache_file", None)
-    if fcntl is not None and hasattr(index, "_index_path") and hasattr(index, "save"):
-        index.__class__ = _locked_index_class(type(index))
+    if all(hasattr(index, name) for name in ("_index_path", "save", "_load_index", "_load_data")):
+        index.__class__ = _guarded_index_class(type(index))
+
+
+def _damaged(path: str, error: Exception) -> None:
+    warn(f"gnnfuse: Numba's cached machine code {path} could not be read ({type(error).__name__}: {error}); "
+         "compiling the kernel again, which replaces it", RuntimeWarning)
 
 
 @functools.cache
-def _locked_index_class(index_class: type) -> type:
-    """``index_class`` (Numba's ``IndexDataCacheFile``) with `lock_numba_cache_saves`' lock."""
-    class LockedIndexDataCacheFile(index_class):
+def _guarded_index_class(index_class: type) -> type:
+    """``index_class`` (Numba's ``IndexDataCacheFile``) with `guard_numba_disk_cache`'s guards."""
+    class GuardedIndexDataCacheFile(index_class):
         def save(self, key, data):
             try:
-                lock = open(f"{self._index_path}.lock", "a")     # noqa: SIM115 (closed below)
+                lock = None if fcntl is None else open(f"{self._index_path}.lock", "a")  # noqa: SIM115
             except OSError:     # Numba checked the folder is writable; if not, its own save says so
+                lock = None
+            if lock is None:
                 return super().save(key, data)
             with lock:      # closing releases the flock
                 fcntl.flock(lock, fcntl.LOCK_EX)
                 return super().save(key, data)
-    return LockedIndexDataCacheFile
+
+        # A damaged pickle may raise almost any error (UnpicklingError, EOFError,
+        # ValueError, KeyError, ImportError, ...); the file is derived data either way.
+        def _load_index(self):
+            try:
+                return super()._load_index()
+            except Exception as error:      # noqa: BLE001 (see above)
+                _damaged(self._index_path, error)
+                return {}           # as if empty: the next save writes a whole index
+
+        def _load_data(self, name):
+            try:
+                return super()._load_data(name)
+            except OSError:
+                raise
+            except Exception as error:      # noqa: BLE001 (see above)
+                _damaged(self._data_path(name), error)
+                raise OSError(error) from error    # Numba's load: no entry, so compile and save
+    return GuardedIndexDataCacheFile
 
 
 def first_call_compiles(kernel: object) -> bool:

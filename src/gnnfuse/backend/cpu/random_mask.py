@@ -25,7 +25,7 @@ except ImportError:     # the optional 'cpu' extra is not installed: callers tak
     numba = None
 
 from . import pool
-from ..kernel_cache import lock_numba_cache_saves
+from ..kernel_cache import guard_numba_disk_cache
 
 GOLDEN = np.uint64(0x9E3779B97F4A7C15)     # SplitMix64's increment between states
 _MIX1 = np.uint64(0xBF58476D1CE4E5B9)
@@ -89,4 +89,4 @@ def _masked_scale(source, out, seed, threshold, scale):
             out[i + 1] = source[i + 1] * scale if (bits & _LOW32) >= threshold else source[i + 1] * 0.0
 
 
-lock_numba_cache_saves(_masked_scale)    # compiled per dtype, maybe by two processes at once
+guard_numba_disk_cache(_masked_scale)    # compiled per dtype, maybe by two processes at once
