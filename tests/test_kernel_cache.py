@@ -154,28 +154,40 @@ def test_two_processes_compiling_one_kernel_for_different_dtypes_keep_numba_s_ca
     assert readers == [(0, "[0.0, 2.0, 4.0, 6.0, 8.0]", readers[0][2]), (0, "[0.0, 2.0, 4.0, 6.0, 8.0]", readers[1][2])]
 
 
+_CACHED_KERNELS = {
+    "generated": ("cached_kernel", "import numpy as np\nfrom gnnfuse.backend import kernel_cache\n"
+                  "source = 'import numba\\n@numba.njit(cache=True)\\ndef cached_kernel(x):\\n    return x.sum() * 2\\n'\n"
+                  "print(kernel_cache.load_kernel(source, 'cached_kernel')(np.arange(4.0)))\n", "12.0"),
+    "sampler": ("hop_numba.sample", "import numpy as np\nfrom gnnfuse.loader import hop_numba\n"
+                "z = lambda: np.zeros(2, dtype=np.int64)\nsrc, eid, count = z(), z(), z()\n"
+                "a = lambda *v: np.array(v, dtype=np.int64)\n"
+                "hop_numba.sample(a(0, 1, 2), a(1, 0), a(0, 1), 1, 0, src, eid, count, 2)\n"
+                "print(src.tolist())\n", "[1, 0]"),
+}
+
+
 @pytest.mark.parametrize("damaged", ["nbi", "nbc"])
-def test_a_truncated_numba_cache_file_is_compiled_over_with_a_warning_naming_it(damaged, tmp_path):
-    """A truncated Numba index or data file beside a generated kernel (a disk error, a
-    copy stopped midway) made every later process fail inside Numba with
-    ``UnpicklingError: pickle data was truncated``, naming no file."""
+@pytest.mark.parametrize("kernel", sorted(_CACHED_KERNELS))
+def test_a_truncated_numba_cache_file_is_compiled_over_with_a_warning_naming_it(kernel, damaged, tmp_path):
+    """A truncated Numba index or data file of a generated kernel or the loader's sampler
+    (a disk error, a copy stopped midway) made every later process fail inside Numba
+    with ``UnpicklingError: pickle data was truncated``, naming no file."""
     import os
     import subprocess
     import sys
+    prefix, code, expected = _CACHED_KERNELS[kernel]
     script = tmp_path / "cached_kernel.py"
-    script.write_text(
-        "import numpy as np\nfrom gnnfuse.backend import kernel_cache\n"
-        "source = 'import numba\\n@numba.njit(cache=True)\\ndef cached_kernel(x):\\n    return x.sum() * 2\\n'\n"
-        "print(kernel_cache.load_kernel(source, 'cached_kernel')(np.arange(4.0)))\n")
-    env = {**os.environ, "GNNFUSE_CACHE": str(tmp_path / "cache"), "PYTHONWARNINGS": "always"}
+    script.write_text(code)
+    env = {**os.environ, "GNNFUSE_CACHE": str(tmp_path / "cache"), "NUMBA_CACHE_DIR": str(tmp_path / "numba"),
+           "PYTHONWARNINGS": "always"}
 
     def run() -> subprocess.CompletedProcess:
         return subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300)
-    assert run().stdout.strip() == "12.0"
-    (file,) = (tmp_path / "cache" / "kernels" / "__pycache__").glob(f"cached_kernel_*.{damaged}")
+    assert run().stdout.strip() == expected
+    (file,) = (tmp_path / "numba").rglob(f"{prefix}*.{damaged}")
     file.write_bytes(file.read_bytes()[:20])
     again = run()
-    assert (again.returncode, again.stdout.strip()) == (0, "12.0"), again.stderr[-2000:]
+    assert (again.returncode, again.stdout.strip()) == (0, expected), again.stderr[-2000:]
     assert f"{file} could not be read" in again.stderr
     healed = run()     # the damaged file was replaced
-    assert (healed.returncode, healed.stdout.strip(), "could not be read" in healed.stderr) == (0, "12.0", False)
+    assert (healed.returncode, healed.stdout.strip(), "could not be read" in healed.stderr) == (0, expected, False)

@@ -22,6 +22,7 @@ import numba
 import numpy as np
 
 from ..backend.cpu.random_mask import GOLDEN, splitmix64
+from ..backend.kernel_cache import guard_numba_disk_cache
 
 
 @numba.njit(cache=True, nogil=True)
@@ -102,3 +103,8 @@ def reindex(seeds, slot_src, slot_eid, count, rowptr, fanout, num_nodes, local_s
                 eid[e] = slot_eid[s]
                 out_degrees[local] += 1
     return distinct
+
+
+# cached in the package's __pycache__ (or $NUMBA_CACHE_DIR), loaded by every loader worker
+for _kernel in (sample, reindex):
+    guard_numba_disk_cache(_kernel)
