@@ -343,7 +343,7 @@ def test_numba_functions_outside_generated_kernels_compile_while_a_trace_swaps_b
     import numpy as np
     from gnnfuse.backend.cpu import scalar
     from gnnfuse.loader import hop_numba
-    numba.core.registry.cpu_target.typing_context.refresh()    # as a trace does before its swap (below)
+    numba.core.registry.cpu_target.typing_context.refresh()    # loaded, as after any earlier compile (below)
     for name in ("sum", "max", "min", "len", "zip"):
         original = getattr(builtins, name)
         monkeypatch.setattr(builtins, name, lambda *args, _original=original, **kw: _original(*args, **kw))
@@ -355,24 +355,40 @@ def test_numba_functions_outside_generated_kernels_compile_while_a_trace_swaps_b
 
 
 def test_a_processs_first_numba_compile_during_a_trace_leaves_numba_working(tmp_path):
-    """Numba loads its typing registries at a process's first compile, typing the
-    builtins it then finds: a first compile during a vertex function's trace (here from
-    the function itself; a loader thread's first hop alike) met the trace's stand-ins and
-    failed inside Numba ("module 'gnnfuse.frontend.vertex' has no attribute 'call'"). The
-    trace has Numba load them first. In a fresh process: the first compile is the point."""
+    """Numba loads its typing and lowering registries at a process's first compile,
+    registering the builtins it then finds: a first compile in another thread during a
+    vertex function's trace (a loader thread's first hop beside the model's first call)
+    met the trace's stand-ins and failed inside Numba ("module 'gnnfuse.frontend.vertex'
+    has no attribute 'call'"). The trace holds Numba's compiler lock, so that compile
+    waits for the real builtins. In a fresh process: the first compile is the point. The
+    function waits (bounded) for the other thread's compile, which ran mid-swap before."""
     script = """
+import threading
 import numba, numpy as np, torch, gnnfuse
 from gnnfuse.loader import hop_numba
 
+result = {}
+def first_hop():
+    try:
+        slots = [np.zeros(2, np.int64) for _ in range(3)]
+        result["hop"] = numba.njit(hop_numba.sample.py_func)(np.array([0, 2, 4]), np.array([0, 1, 1, 0]),
+                                                             np.array([0, 1]), 1, 7, *slots, 2)
+    except Exception as error:
+        result["hop"] = repr(error)[:200]
+    done.set()
+done, hop = threading.Event(), threading.Thread(target=first_hop)
+
 @gnnfuse.vertex
 def mean(v):
-    slots = [np.zeros(2, np.int64) for _ in range(3)]
-    numba.njit(hop_numba.sample.py_func)(np.array([0, 2, 4]), np.array([0, 1, 1, 0]), np.array([0, 1]), 1, 7,
-                                         *slots, 2)
+    if not hop.is_alive() and "hop" not in result:
+        hop.start()
+        done.wait(5)      # mid-swap: the compile ran here (in well under 5 s), unless it waits for the trace
     return sum([u.h for u in v.innbs]) / len(v.innbs)
 
 graph = gnnfuse.Graph(torch.tensor([0, 1, 1]), torch.tensor([1, 0, 1]), 2)
 print(mean(graph, {"h": torch.tensor([[1.0], [3.0]])}).flatten().tolist())
+hop.join()
+print(result["hop"])
 print(numba.njit(lambda a: len(a) + max(a[0], a[1]))(np.arange(3)))
 """
     env = {k: v for k, v in os.environ.items() if k != "NUMBA_DISABLE_JIT"} | {"GNNFUSE_BACKEND": "reference"}
@@ -380,7 +396,7 @@ print(numba.njit(lambda a: len(a) + max(a[0], a[1]))(np.arange(3)))
     done = subprocess.run([sys.executable, str(tmp_path / "first_compile.py")], capture_output=True, text=True,
                           timeout=300, env=env)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.split() == ["[3.0,", "2.0]", "4"]
+    assert done.stdout.split() == ["[3.0,", "2.0]", "-1", "4"], done.stdout
 
 
 def test_without_numba_the_reference_runs_with_one_warning(monkeypatch):

@@ -440,16 +440,16 @@ def _in_helpers(counting: Mapping[str, Callable]):
     # run, so the first trace of a process imported it mid-swap, and dynamo, holding a
     # wrapper for ``len``, could no longer trace ``len`` (torch.compile after an eager
     # call failed). Imported first, at no extra cost: that first trace imports it anyway.
-    # Numba's typing and lowering registries likewise: it loads them at a process's first
-    # compile, registering the builtins it then finds, so a first compile during the swap
-    # (a loader thread's first hop) failed in Numba's registry ("module has no attribute
-    # 'call'") or left ``len`` without a lowering for the rest of the process. Loaded
-    # here once (~0.3 s, which that first compile would pay; later calls cost ~0.1 ms).
-    if "numba" in sys.modules:      # the CPU backend and the loader's samplers import it
-        target = sys.modules["numba"].core.registry.cpu_target
-        target.typing_context.refresh()
-        target.target_context.refresh()
-    with _BUILTINS_SWAP:   # one trace at a time: interleaved swaps would restore another's wrappers
+    # Numba's typing and lowering registries: it loads them at a process's first compile,
+    # registering the builtins it then finds, so a first compile in another thread during
+    # the swap (a loader thread's first hop) failed inside Numba ("module has no attribute
+    # 'call'") or left ``len`` without a lowering for the rest of the process. Numba
+    # compiles under its global compiler lock: held through the swap, another thread's
+    # compile waits for the real builtins (loading the registries here instead ran under
+    # whatever else was patched then: torch.export's math functions).
+    numba = sys.modules.get("numba")       # the CPU backend and the loader's samplers import it
+    compiling = numba.core.compiler_lock.global_compiler_lock if numba is not None else contextlib.nullcontext()
+    with compiling, _BUILTINS_SWAP:   # one trace at a time: interleaved swaps would restore another's wrappers
         saved = {name: builtins.__dict__[name] for name in counting}
         builtins.__dict__.update({name: user_only(name) for name in counting})
         try:
