@@ -551,7 +551,8 @@ class ChebConv(FixedAggregation, FixedFlow, OneLineRepr, NotScriptable, nn.Modul
             loop_free, default_lam, diag, off = _weighted_laplacian(graph, edge_weight, self.normalization, x.dtype)
         lam = _per_vertex_lambda_max(default_lam if lambda_max is None else lambda_max, batch, x)
         if not bool((lam > 0).all()):
-            hint = "" if lambda_max is not None else _default_lambda_max_hint(lam, graph, edge_weight, self.normalization)
+            hint = ("" if lambda_max is not None
+                    else _default_lambda_max_hint(lam, graph, edge_weight, self.normalization))
             raise ValueError(f"lambda_max must be positive, got {lam.detach().flatten()[:8].tolist()}{hint}")
         scale = 2.0 / lam
         vertex = {"diag": diag * scale - 1.0}
