@@ -667,8 +667,8 @@ class Graph:
 
     def cached_tensors(self) -> list[torch.Tensor]:
         """Every tensor the graph keeps memoised (`cached`: its layouts, degrees, norms),
-        built so far: what a program may hand back as it is (runtime/compile_op.py copies
-        such an output, which the caller may write in place)."""
+        built so far: what a program may hand back as it is (runtime/compiled.py's
+        `_run_forward` copies such an output, which the caller may write in place)."""
         held = []
         for value in self._cache.values():
             for item in value if isinstance(value, (tuple, list)) else (value,):

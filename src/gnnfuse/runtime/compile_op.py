@@ -103,7 +103,7 @@ class GraphRef(NamedTuple):
 @torch.library.custom_op("gnnfuse::in_degrees", mutates_args=())
 def _degree_op(steps: str, num_nodes: int, num_src_nodes: int, edges: list[torch.Tensor],
                dtype: torch.dtype) -> torch.Tensor:
-    # a copy even in int64: the cached layout is no output to hand out (`Graph.cached_tensors`, `_run_op`)
+    # a copy even in int64: the cached layout is no output to hand out (`Graph.cached_tensors`)
     return _built_graph(edges, num_nodes, num_src_nodes, steps).in_degrees().to(dtype, copy=True)
 
 
@@ -264,18 +264,17 @@ def _run_op(program: str, steps: str, num_nodes: int, num_src_nodes: int, edges:
     compiled = _program(program)
     graph = _built_graph(edges, num_nodes, num_src_nodes, steps)
     keys, tensors = _program_inputs(compiled, graph, feeds)
+    # `_run_forward` has copied an output that is what the graph keeps (a vertex function
+    # returning ``len(v.innbs)`` gives the cached in-degrees): inductor writes an operator's
+    # output in place without moving a version counter, and ``d.add_(1)`` on it raised the
+    # graph's cached in-degrees by 1 per compiled call (2, then 3 where it was 1)
     outputs, _, _ = _run_forward(compiled, GraphContext(graph), keys, tensors, None)
-    # nor what the graph keeps: a program may return a layout as it is (a vertex function
-    # returning ``len(v.innbs)`` gives the cached in-degrees), and inductor writes an
-    # operator's output in place without moving a version counter: ``d.add_(1)`` on it
-    # raised the graph's cached in-degrees by 1 per compiled call (2, then 3 where it was 1)
-    return _unaliased(outputs, [*feeds, *graph.cached_tensors()])
+    return _unaliased(outputs, feeds)
 
 
 def _unaliased(outputs, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
-    """An operator's outputs may alias neither its inputs (nor what it keeps: ``inputs``
-    lists those too) nor each other (a program can return an input, or one value under
-    two names): such outputs are copied."""
+    """An operator's outputs may alias neither its inputs nor each other (a program
+    can return an input, or one value under two names): such outputs are copied."""
     seen = {t.untyped_storage().data_ptr() for t in inputs if t.numel()}
     result = []
     for out in outputs:
