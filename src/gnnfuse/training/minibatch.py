@@ -181,10 +181,11 @@ DKP_CALIBRATION_BATCHES = 4
 def _fit_placement(model: torch.nn.Module, loader: NeighborLoader) -> PlacementModel:
     """Fit dynamic kernel placement on the kernel times of the first batches of an
     extra, abandoned epoch, before training (GraphTensor fits in the first epoch).
-    Under a forked random state: the abandoned epoch's seed and the timed kernels'
-    random inputs came from torch's generator, so a --dkp run trained on other batches
-    and dropout masks than the same seed without it (cora, fanout 3,3: epoch 1's loss
-    1.9623 against 1.9614), where the placement may change only the rounding."""
+    Under a forked random state: the abandoned epoch's sampling drew from torch's
+    generator (the timed kernels' random inputs fork their own, `kernel_times`), so a
+    --dkp run trained on other batches and dropout masks than the same seed without it
+    (cora, fanout 3,3: epoch 1's loss 1.9623 against 1.9614), where the placement may
+    change only the rounding."""
     device = next(model.parameters()).device
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         batches = []
