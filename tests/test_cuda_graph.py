@@ -78,6 +78,7 @@ def test_cpu_fallback_trains_exactly_as_eager_and_says_why_once():
         assert torch.equal(mine, theirs)
     fallbacks = [w for w in caught if issubclass(w.category, CaptureFallbackWarning)]
     assert len(fallbacks) == 1 and "CUDA device" in str(fallbacks[0].message)
+    assert fallbacks[0].filename == __file__      # the user's line, not gnnfuse's
     assert not capture.captured and capture.status.startswith("eager: CUDA graphs need a CUDA device")
 
 
