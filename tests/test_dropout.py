@@ -8,6 +8,7 @@ import sys
 
 import pytest
 import torch
+import torch.autograd.forward_ad as fwAD
 import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -230,6 +231,36 @@ def test_torch_compile_traces_torch_dropout():
     compiled = torch.compile(model, backend="eager", fullgraph=True)     # a graph break would raise
     out = compiled(torch.ones(512, 256))
     assert _within_binomial(int((out != 1.0).sum()), out.numel(), 0.5)
+
+
+@pytest.mark.parametrize("transform", ["dual", "func.jvp", "func.grad", "vmap"])
+def test_forward_ad_and_torch_func_transforms_drop_as_torch_does(transform, small_counter):
+    """The counter path's autograd Function had no ``jvp`` and no ``setup_context``: a dual
+    input (forward-mode AD) stopped in torch's "You must implement the jvp function",
+    and ``torch.func.grad`` (or ``jvp``, ``vmap`` of a sample as large as the counter
+    path takes) in "it must override the setup_context staticmethod", naming neither
+    gnnfuse nor dropout, where ``F.dropout`` runs. Those inputs take torch's dropout: the
+    derivative is the mask the output was drawn with, scaled by 1 / (1 - p)."""
+    x, tangent = torch.randn(9, 7, dtype=torch.float64), torch.randn(9, 7, dtype=torch.float64)
+
+    def scale(out):      # d out / d x, elementwise: 0 where dropped, 1 / (1 - p) where kept
+        return torch.where(out != 0, 1.0 / 0.7, 0.0).to(out.dtype)
+    if transform == "dual":
+        with fwAD.dual_level():
+            out, got = fwAD.unpack_dual(gF.dropout(fwAD.make_dual(x, tangent), 0.3))
+        torch.testing.assert_close(got, tangent * scale(out))
+    elif transform == "func.jvp":
+        out, got = torch.func.jvp(lambda t: gF.dropout(t, 0.3), (x,), (tangent,))
+        torch.testing.assert_close(got, tangent * scale(out))
+    elif transform == "func.grad":
+        def loss(t):
+            out = gF.dropout(t, 0.3)
+            return out.sum(), out
+        got, out = torch.func.grad(loss, has_aux=True)(x)
+        torch.testing.assert_close(got, scale(out))
+    else:
+        out = torch.func.vmap(lambda t: gF.dropout(t, 0.3), randomness="different")(x)
+        assert set((out / x).round(decimals=9).unique().tolist()) <= {0.0, round(1.0 / 0.7, 9)}
 
 
 @pytest.mark.parametrize("shape", [(512, 256), (8, 4)], ids=["counter", "uniform"])
