@@ -2,6 +2,7 @@
 loss and all three gradients, chunked or not, with ignored rows, and gradcheck."""
 import pytest
 import torch
+import torch.autograd.forward_ad as fwAD
 import torch.nn.functional as F
 from hypothesis import given, settings, strategies as st
 
@@ -215,3 +216,32 @@ def test_a_traced_module_gives_torchs_loss_and_gradients(traced_without_grad):
         grads.append((loss.detach(), *torch.autograd.grad(loss, list(model.parameters()))))
     for ours, theirs in zip(*grads):
         torch.testing.assert_close(ours, theirs)
+
+
+@pytest.mark.parametrize("transform", ["dual", "func.jvp", "func.grad", "vmap"])
+def test_forward_ad_and_torch_func_transforms_give_torchs_loss(transform):
+    """The loss's autograd Function has no ``jvp`` and no ``setup_context``: a dual input
+    (forward-mode AD) stopped in torch's "You must implement the jvp function", and
+    ``torch.func.grad`` of a classifier's weights (per-sample gradients, model ensembles)
+    in "it must override the setup_context staticmethod", naming neither gnnfuse nor the
+    loss. Those inputs take torch's linear and cross-entropy, as under torch.jit.trace."""
+    h, w, b, y = (t.detach() if t.is_floating_point() else t
+                  for t in _operands(12, 5, 4, dtype=torch.float64, ignored=(2,)))
+    tangent = torch.randn_like(w)
+    if transform == "dual":
+        with fwAD.dual_level():
+            got = fwAD.unpack_dual(linear_cross_entropy(h, fwAD.make_dual(w, tangent), b, y)).tangent
+        expected = torch.func.jvp(lambda v: _torch(h, v, b, y), (w,), (tangent,))[1]
+    elif transform == "func.jvp":
+        got = torch.func.jvp(lambda v: linear_cross_entropy(h, v, b, y), (w,), (tangent,))[1]
+        expected = torch.func.jvp(lambda v: _torch(h, v, b, y), (w,), (tangent,))[1]
+    elif transform == "func.grad":
+        got = torch.func.grad(lambda v: linear_cross_entropy(h, v, b, y))(w)
+        expected = torch.func.grad(lambda v: _torch(h, v, b, y))(w)
+    else:         # per-sample gradients: one row each
+        def per_row(fn):
+            def loss(v, row, label):
+                return fn(row.unsqueeze(0), v, b, label.unsqueeze(0))
+            return torch.func.vmap(torch.func.grad(loss), in_dims=(None, 0, 0))(w, h, y)
+        got, expected = per_row(linear_cross_entropy), per_row(_torch)
+    torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12, equal_nan=True)   # (row 2's is ignored)
