@@ -59,6 +59,15 @@ def _weight_normed(layer: nn.Module, name: str) -> None:
         lin.weight_g.mul_(3.0)         # as an optimizer step would: the weight is remade in the pre-hook
 
 
+def _spectral_normed(layer: nn.Module, name: str) -> None:
+    """A parametrized weight: each read of ``weight`` runs a power iteration in training
+    mode (updating its ``u``, ``v`` buffers), so a read beyond the call PyG makes changes
+    the weight used (SAGEConv read ``lin_l``'s and ``lin_r``'s, GATConv and GATv2Conv
+    ``lin_edge``'s, once more per call: outputs off by up to 0.09 on the first call)."""
+    torch.manual_seed(4)          # the same starting vectors in both layers
+    torch.nn.utils.parametrizations.spectral_norm(_submodule(layer, name))
+
+
 def _adapted(layer: nn.Module, name: str) -> None:
     _replace(layer, name, LowRankAdapted(_submodule(layer, name)))
 
@@ -80,7 +89,7 @@ def _replace(layer: nn.Module, name: str, module: nn.Module) -> None:
 
 
 CHANGES = {"forward-hook": _hooked, "pre-hook": _pre_hooked, "weight-norm": _weight_normed, "lora": _adapted,
-           "sequential": _replaced}
+           "sequential": _replaced, "spectral-norm": _spectral_normed}
 # (layer, constructor arguments, the map changed, whether it takes edge_attr)
 MAPS = [
     ("GCNConv", {}, "lin", False),

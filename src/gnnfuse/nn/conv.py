@@ -780,7 +780,11 @@ class SAGEConv(FixedFlow, OneLineRepr, NotScriptable, nn.Module):
                 raise AttributeError("SAGEConv: project=True needs lin, which a layer built with project=False "
                                      "lacks (PyG's skips the projection then); build it with project=True")
             messages = F.relu(self.lin(x))
-        weight_l, weight_r = getattr(lin_l, "weight", None), getattr(lin_r, "weight", None)
+        # the weights as stored, not ``lin.weight``: a parametrized one (spectral_norm) is
+        # recomputed, power iteration and all, by each read, and such a map is called below,
+        # which reads it again (PyG reads it once). Only a plain map's weight is used here
+        weight_l = lin_l._parameters.get("weight")
+        weight_r = None if lin_r is None else lin_r._parameters.get("weight")
         if _unsized(weight_l) or _unsized(weight_r):
             pyg_init.materialize([(lin_l, self._aggregated_width(messages.shape[-1])), (lin_r, x_dst)])
             weight_l, weight_r = lin_l.weight, getattr(lin_r, "weight", None)

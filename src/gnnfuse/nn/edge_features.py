@@ -13,6 +13,7 @@ from typing import Union
 
 import torch
 from torch import nn
+from torch.nn.utils import parametrize
 
 from ..graph import Graph
 from ..passes.fusion import MAX_EDGE_FEATURES
@@ -92,7 +93,12 @@ def edge_rows(layer: nn.Module, graph: Graph, edge_attr: torch.Tensor | None, na
         raise NotImplementedError(f"{name}.forward(..., edge_attr=...) needs the layer built with edge_dim "
                                   f"(the width of the edge features): {name}(..., edge_dim=D)")
     rows = edge_feature_rows(edge_attr, graph.num_edges, layer.edge_dim, name)
-    weight = getattr(layer.lin_edge, "weight", None)     # a module in lin_edge's place takes the rows as given
+    # a module in lin_edge's place takes the rows as given. A parametrized weight
+    # (spectral_norm) is read as stored: each read of ``lin_edge.weight`` recomputes it, power
+    # iteration and all, and the layer calls lin_edge too (PyG reads it once)
+    lin_edge = layer.lin_edge
+    weight = (lin_edge.parametrizations.weight.original if parametrize.is_parametrized(lin_edge, "weight")
+              else getattr(lin_edge, "weight", None))
     rows = rows if weight is None else rows.to(weight.dtype)
     return looped_edge_features(graph, rows, layer.fill_value, name) if layer.add_self_loops else rows
 
