@@ -166,6 +166,32 @@ def test_row_count_anywhere_else_is_rejected_at_its_line(use, text):
     assert "test_frontend_gaps.py:" in str(info.value) and "(lambda x:" in str(info.value)
 
 
+def test_a_reshape_setting_a_graph_axis_to_1_is_rejected_at_its_line():
+    """torch's ``x.reshape(1, -1)`` of an [E, F] value is one [1, E * F] row, and
+    ``m.reshape(-1, 1, F)`` of a [N, D, F] mailbox is [N * D, 1, F]: the 1 was taken as
+    "keep the graph axis", so ``x.reshape(1, -1).sum(-1, keepdim=True) * x`` scaled each
+    edge by its own row's sum where torch scales it by the sum over all edges (a silently
+    wrong output), and the mailbox's neighbour axis stayed in place."""
+    def message(edges):
+        h = edges.src["h"]
+        return {"m": h.reshape(1, -1).sum(-1, keepdim=True) * h}
+
+    def reduce(nodes):
+        m = nodes.mailbox["m"]
+        return {"out": m.reshape(-1, 1, 3).sum(1)}
+
+    def two_inferred(edges):
+        return {"m": edges.src["h"].reshape(-1, -1)}
+    sum_mailbox = lambda nodes: {"out": torch.sum(nodes.mailbox["m"], 1)}   # noqa: E731
+    for (message_fn, reduce_fn), at, text, match in (
+            ((message, sum_mailbox), message, "h.reshape(1, -1)", "sets the row axis .* to 1"),
+            ((copy_src, reduce), reduce, "m.reshape(-1, 1, 3)", "sets a neighbour axis .* to 1"),
+            ((two_inferred, sum_mailbox), two_inferred, "reshape(-1, -1)", "only one dimension can be inferred")):
+        with pytest.raises(CompileError, match=match) as info:
+            gnnfuse.message_passing(graph("cpu"), message_fn, reduce_fn, ndata={"h": features("cpu")})
+        assert line_of(at, text) in str(info.value)
+
+
 # --- 3: len() of a neighbour list inside a helper the vertex function calls ---------------
 def _mean_of(values):
     one = max(2, min(4, 3)) - len([0, 1]) + sum(i for i in range(1))   # builtins on other values

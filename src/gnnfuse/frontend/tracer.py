@@ -749,10 +749,17 @@ def _reshape(tracer: Tracer, x, *shape):
             isinstance(s, SymTensor) and not keep for s, keep in zip(lead, kept)):
         raise tracer.error("a reshape size cannot depend on the in-degree (mailbox.shape[1]): it differs "
                            "per vertex; keep the neighbour axis as its own dim")
-    if x.prefix == 3 and any(isinstance(s, int) and s == 1 and neighbours
-                             for s, neighbours in zip(lead[1:], axes)):
-        raise tracer.error(f"reshape {list(shape)} of a pairwise {shown(x)} value sets a neighbour axis (the "
-                           "in-degree long) to 1; keep it as x.shape[...] or -1")
+    if sum(1 for s in shape if isinstance(s, int) and s == -1) > 1:
+        raise tracer.error(f"reshape {list(shape)}: only one dimension can be inferred (-1), as in torch")
+    # a 1 is torch's size only for a size-1 axis (a pairwise view's axis 1): at the row axis
+    # ``x.reshape(1, -1)`` puts every row's elements into one row, and at a neighbour axis
+    # (``m.reshape(-1, 1, F)``) the messages of all in-edges into rows of their own; kept
+    # as they were, ``x.reshape(1, -1).sum(-1)`` summed each row where torch sums them all
+    if any(isinstance(s, int) and s == 1 and (i == 0 or axes[i - 1]) for i, s in enumerate(lead)):
+        axis = "the row axis (dim 0, one row per edge or vertex)" if isinstance(lead[0], int) and lead[0] == 1 \
+            else "a neighbour axis (the in-degree long)"
+        raise tracer.error(f"reshape {list(shape)} of a {shown(x)} graph value sets {axis} to 1, which moves "
+                           "elements across rows in torch; keep it as x.shape[...] or -1")
     if any(not keep and not (isinstance(s, int) and s in (-1, 1)) for s, keep in zip(lead, kept)):
         raise tracer.error(f"reshape {list(shape)} must keep the leading graph dims as -1")
     if -1 in elem:
