@@ -1352,6 +1352,37 @@ def test_graph_values_of_different_ranks_are_rejected_at_their_line():
         assert line_of(where, text) in str(info.value)
 
 
+def test_torch_cat_of_values_that_torch_would_not_concatenate_is_rejected_at_its_line():
+    """torch.cat never broadcasts: ``cat([h_src, h_dst.sum(-1)], -1)`` ([E, F] and [E])
+    raises in DGL and PyG, and ``cat([m, h.unsqueeze(1)], -1)`` ([N, D, F] and [N, 1, F])
+    wherever a vertex has two in-edges. The IR's concat padded the [E] value to [E, 1]
+    and read the vertex's row onto each in-edge, so both compiled to numbers eager code
+    never gives (an [E, F + 1] message, a [N, D, 2F] mailbox value)."""
+    def ranks(edges):
+        return {"m": torch.cat([edges.src["h"], edges.dst["h"].sum(-1)], dim=-1)}
+
+    def summed(nodes):
+        return {"o": torch.sum(nodes.mailbox["m"], dim=1)}
+
+    def node_beside_mailbox(nodes):
+        return {"o": torch.cat([nodes.mailbox["m"], nodes.data["h"].unsqueeze(1)], dim=-1).sum(1)}
+
+    for udfs, where, text, match in (((ranks, summed), ranks, "torch.cat", r"\[E, 3\], \[E\] values"),
+                                     ((lambda e: {"m": e.src["h"]}, node_beside_mailbox), node_beside_mailbox,
+                                      "torch.cat", r"\[N, D, 3\], \[N, 1, 3\] values")):
+        with pytest.raises(CompileError, match=match) as info:
+            gnnfuse.message_passing(graph(), *udfs, ndata={"h": features()})
+        assert line_of(where, text) in str(info.value)
+    # what torch does concatenate still compiles: same ranks, a keepdim reduction beside another
+    g, h = graph(), features()
+    out = gnnfuse.message_passing(g, lambda e: {"m": torch.cat([e.src["h"], e.src["h"][:, :1]], -1)},
+                                  lambda n: {"o": torch.cat([n.mailbox["m"].sum(1, keepdim=True),
+                                                             n.mailbox["m"].sum(1, keepdim=True)], 1).sum(1)},
+                                  ndata={"h": h})["o"]
+    degree = torch.tensor([1, 3, 1, 0, 1], dtype=DOUBLE)[:, None]
+    check_against(out, lambda x: 2 * torch.cat([neighbour_mean(g, x), neighbour_mean(g, x)[:, :1]], -1) * degree, h)
+
+
 def test_a_captured_tensor_broadcasts_over_the_feature_dims_as_torch_does():
     """A captured [1, F] tensor times [E, F] messages is [E, F] in torch; per-row
     broadcasting made [E, 1, F]. A captured [N, F] one would meet the row axis: refused."""

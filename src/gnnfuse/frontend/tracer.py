@@ -727,7 +727,22 @@ def _linear(tracer: Tracer, x, weight, bias=None):
 
 
 def _cat(tracer: Tracer, tensors, dim=0):
+    """``torch.cat``, which never broadcasts: its operands have one number of dims and the
+    same sizes but along ``dim``. The IR's concat pads ranks and reads a vertex's value
+    onto its in-edges, as its elementwise ops do, so an [E, F] and an [E] value made an
+    [E, F + 1] message, and a [N, 1, F] node value beside a [N, D, F] mailbox one a [N, D,
+    2F] one, where torch raises; so does a captured tensor beside graph values (its leading
+    dims would have to be the row count: graph data, passed in as node or edge data)."""
     syms = [tracer.lift(t) for t in tensors]
+    graph = [s for s in syms if s.prefix]
+    # a 1-D empty tensor, which torch skips (its legacy rule), takes part in the dtype alone
+    lined = [s for s in syms if s.prefix or s.value.shape != (0,)]
+    if graph and (len({s.dim() for s in lined}) > 1 or len({(s.prefix, s.neighbour_axes()) for s in graph}) > 1
+                  or len(graph) < len(lined)):
+        raise tracer.error(f"torch.cat of {', '.join(shown(s) for s in syms)} values: torch concatenates tensors "
+                           "of one number of dims whose other sizes match, without broadcasting (and a captured "
+                           "tensor has no rows of the graph's); give the operands the same graph axes and number "
+                           "of dims (unsqueeze, or arithmetic that broadcasts: m * 0 + h.unsqueeze(1))")
     d = syms[0].feature_dim(dim)
     if d is None:
         raise tracer.error("concatenating along a graph axis cannot be compiled")
