@@ -317,6 +317,24 @@ def test_mailbox_slice_over_the_neighbour_axis_is_rejected_at_its_line():
     assert line_of(reduce, "first = ") in str(info.value)
 
 
+def test_an_index_naming_fewer_dims_than_the_graph_axes_takes_them_whole(device):
+    """``m[:]`` and ``m[()]`` of a [N, D, F] mailbox, and ``x[()]`` of an [E, F] message,
+    are the value itself in torch. The dims no index names were read off the value's shape,
+    graph axes included, and their symbolic sizes compared as feature sizes: refused with
+    "comparing graph values (<, >, ==, ...)" or "x.shape[0] ... is not known", neither of
+    which the line wrote."""
+    def message(edges):
+        return {"m": (edges.src["h"] * edges.src["w"])[()]}
+
+    def reduce(nodes):
+        m = nodes.mailbox["m"]
+        return {"out": m[:][:, 0] + torch.sum(m[()], dim=1) * 2}
+    g, h = graph(device), features(device)
+    w = torch.linspace(0.5, 2, N, dtype=DOUBLE).unsqueeze(1).to(device).requires_grad_()
+    out = gnnfuse.message_passing(g, message, reduce, ndata={"h": h, "w": w})["out"]
+    check(out, lambda: per_vertex(lambda v: mailbox(h * w)[v][0] + mailbox(h * w)[v].sum(0) * 2), [h, w])
+
+
 def test_gradcheck_mailbox_position():
     def reduce(nodes):
         return {"out": nodes.mailbox["m"][:, -1] * nodes.mailbox["m"][:, 0]}

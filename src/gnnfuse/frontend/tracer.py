@@ -1110,8 +1110,12 @@ def _getitem(tracer: Tracer, x, index):
                     raise tracer.error(f"index {i} is out of range for dim {d} of size {n}")
                 window.append((i % n, 1, 1))
         d += 1
-    window += [(0, 1, n) for n in shape[d:]]
-    out_shape += list(shape[d:])
+    # the dims no item named: feature dims only (``m[:]`` or ``x[()]`` leaves graph axes
+    # unnamed, whose symbolic sizes were compared as feature sizes: a CompileError about
+    # "comparing graph values" or ``x.shape[0]``, neither of which the line wrote)
+    rest = shape[max(d, x.prefix):]
+    window += [(0, 1, n) for n in rest]
+    out_shape += list(rest)
     value = x
     if any(w != (0, 1, n) for w, n in zip(window, x.value.shape)):
         value = tracer.apply("slice_features", x, window=tuple(window))
