@@ -18,6 +18,7 @@ outputs and gradients in float64, on the reference backend and the Triton kernel
 from __future__ import annotations
 
 import inspect
+import re
 
 import pytest
 import torch
@@ -125,6 +126,25 @@ def test_node_data_without_the_neighbour_axis_next_to_the_mailbox_is_rejected():
     with pytest.raises(CompileError, match="unsqueeze") as info:
         gnnfuse.message_passing(graph("cpu"), copy_src, reduce, ndata={"h": features("cpu")})
     assert line_of(reduce, "nodes.data") in str(info.value)
+
+
+def test_a_negative_unsqueeze_among_the_graph_axes_is_named_as_such():
+    """``x.unsqueeze(-3)`` of an [E, F] message is torch's [1, E, F], and
+    ``m.unsqueeze(-4)`` of a [N, D, F] mailbox its [1, N, D, F]: valid dims that add an
+    axis before the rows, which the error called "out of range" (only the positive
+    spellings, unsqueeze(0), were named as graph axes)."""
+    def message(edges):
+        return {"m": edges.src["h"].unsqueeze(-3).sum(0)}
+
+    def reduce(nodes):
+        return {"out": nodes.mailbox["m"].unsqueeze(-4).sum(1)}
+    sum_mailbox = lambda nodes: {"out": torch.sum(nodes.mailbox["m"], 1)}   # noqa: E731
+    for (message_fn, reduce_fn), at, text, graph_dims in (((message, sum_mailbox), message, "unsqueeze(-3)", "dim 0"),
+                                                          ((copy_src, reduce), reduce, "unsqueeze(-4)", "dims 0-1")):
+        with pytest.raises(CompileError, match=rf"{re.escape(text)} adds an axis among the graph dims \({graph_dims}") \
+                as info:
+            gnnfuse.message_passing(graph("cpu"), message_fn, reduce_fn, ndata={"h": features("cpu")})
+        assert line_of(at, text) in str(info.value)
 
 
 # --- 2: the row axis' length (edges or vertices) is not a trace-time number ----------------

@@ -802,15 +802,18 @@ def _reshape(tracer: Tracer, x, *shape):
 
 def _unsqueeze(tracer: Tracer, x, dim):
     x = tracer.lift(x)
-    if tracer.mode == "reduce" and x.prefix == 2 and (dim if dim >= 0 else x.dim() + 1 + dim) == 1:
+    at = dim if dim >= 0 else x.dim() + 1 + dim     # torch's position of the new axis
+    if tracer.mode == "reduce" and x.prefix == 2 and at == 1:
         return tracer.pair_view(x)  # mailbox.unsqueeze(1): a pairwise term (frontend/pairwise.py)
     rank = len(x.value.shape)
     pos = dim - x.prefix if dim >= 0 else rank + 1 + dim
-    if 0 <= dim < x.prefix:     # a valid dim in torch, which the old message called out of range
+    # a valid dim in torch, also negative (unsqueeze(-3) of an [E, F] value is [1, E, F]),
+    # which the old message called out of range
+    if 0 <= at < x.prefix:
         graph = "dim 0" if x.prefix == 1 else f"dims 0-{x.prefix - 1}"
         raise tracer.error(f"unsqueeze({dim}) adds an axis among the graph dims ({graph}: one row per vertex or "
                            f"edge, and a mailbox's neighbour axis), which a compiled function keeps in place; "
-                           f"unsqueeze a feature dim (>= {x.prefix}, or negative)")
+                           f"unsqueeze a feature dim ({x.prefix} to {x.dim()}, or -1 to -{rank + 1})")
     if not 0 <= pos <= rank:
         raise tracer.error(f"unsqueeze dim {dim} is out of range")
     shape = x.value.shape[:pos] + (1,) + x.value.shape[pos:]
