@@ -1298,6 +1298,25 @@ def test_keepdim_keeps_the_neighbour_axis_as_size_one(device):
     check_against(out["f"], lambda x: (neighbour_mean(g, x) * degree).sum(-1, keepdim=True), h)
 
 
+@pytest.mark.parametrize("reduce_all, text", [
+    (lambda x: x * x.sum(dim=(), keepdim=True), "x.sum(dim=()"),
+    (lambda x: x - x.mean(dim=[]), "x.mean(dim=[])"),
+    (lambda x: x - torch.amax(x, dim=()), "torch.amax(x, dim=())"),
+    (lambda x: x / x.norm(dim=()), "x.norm(dim=())"),
+])
+def test_a_reduction_over_an_empty_dim_list_is_over_all_dims_and_rejected(reduce_all, text):
+    """torch reads ``dim=()`` / ``dim=[]`` as every dim (``x.sum(dim=())`` of an [E, F]
+    message sums all edges), which a compiled function cannot; taken as a reduction over
+    no dims, the sum read rows of other edges on the reference backend and memory it
+    never wrote in the Triton kernels (values like 1e-40), with no error."""
+    def message(edges):
+        return {"m": reduce_all(edges.src["h"])}
+    with pytest.raises(CompileError, match="over all dims") as info:
+        gnnfuse.message_passing(graph(), message, lambda n: {"o": torch.sum(n.mailbox["m"], dim=1)},
+                                ndata={"h": features()})
+    assert "test_frontend_semantics.py:" in str(info.value) and text in str(info.value)
+
+
 def test_reduction_dtype_other_than_the_data_is_rejected():
     def reduce(nodes):
         return {"o": torch.sum(nodes.mailbox["m"], dim=1, dtype=torch.float32)}

@@ -556,6 +556,14 @@ def _unary(op: str, **defaults):
     return handler
 
 
+def _no_dims(dim) -> bool:
+    """``dim=()`` / ``dim=[]``: torch's sum, mean, amax, amin and norms then reduce over
+    every dim, as with ``dim=None``. Taken as a reduction over no dims, ``x.sum(dim=())``
+    of an [E, F] message summed rows of other edges on the reference backend and read
+    memory it never wrote in the Triton kernels (values like 1e-40), with no error."""
+    return isinstance(dim, (tuple, list, torch.Size)) and len(dim) == 0
+
+
 def _dims(x: SymTensor, dim) -> tuple[list[int], bool]:
     dims = [dim] if isinstance(dim, int) else list(dim)
     mapped = [x.feature_dim(d) for d in dims]
@@ -638,7 +646,7 @@ def _reduction(feature_op: str | None, graph_op: str, name: str | None = None, p
     def handler(tracer: Tracer, x, dim=None, keepdim=False, *, dtype=None, keepdims=None):
         x = tracer.lift(x)
         keepdim = keepdim if keepdims is None else keepdims
-        if dim is None:
+        if dim is None or _no_dims(dim):
             raise tracer.error(f"torch.{name} over all dims of a graph value cannot be compiled; pass dim=")
         if graph_op == "sum" and dtype in (None, torch.int64) and _summed_as_int64(x.dtype):
             x = tracer.apply("cast", x, dtype=torch.int64)
@@ -955,7 +963,7 @@ def _log_softmax(tracer: Tracer, x, dim=None, *args, **kwargs):
 
 
 def _vector_norm(tracer: Tracer, x: SymTensor, p, dim, keepdim: bool, what: str) -> SymTensor:
-    if dim is None:
+    if dim is None or _no_dims(dim):
         raise tracer.error(f"{what} over all dims would include the graph axis; pass dim=-1")
     dims = tuple(_feature_dim(tracer, x, d, what) for d in ([dim] if isinstance(dim, int) else dim))
     if p in (2, "fro"):
