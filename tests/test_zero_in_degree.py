@@ -144,6 +144,24 @@ def test_integer_outputs_keep_their_dtype_and_value(device):
     assert out["top"].tolist() == [8, 2**53 + 2, 0, 6, 0, 2**40 + 1]
 
 
+def test_bool_outputs_stay_bool(device):
+    """The zero fill's int 0 promoted a bool reduce_fn output as ``torch.where`` does:
+    the last message ``m[:, -1]`` of a bool mailbox, which DGL hands back as bool (False
+    where a vertex has no in-edges), came back int64."""
+    g = graph(device)
+    flag = torch.tensor([True, False, True, True, False, True], device=device)
+
+    def reduce(nodes):
+        return {"last": nodes.mailbox["m"][:, -1], "both": nodes.mailbox["m"][:, 0] * nodes.data["flag"]}
+
+    out = gnnfuse.message_passing(g, lambda e: {"m": e.src["flag"]}, reduce, ndata={"flag": flag})
+    assert out["last"].dtype == out["both"].dtype == torch.bool
+    src, dst = g.src.cpu(), g.dst.cpu()
+    last = [bool(flag[src[dst == v][-1]]) if (dst == v).any() else False for v in range(6)]
+    both = [bool(flag[src[dst == v][0]] and flag[v]) if (dst == v).any() else False for v in range(6)]
+    assert out["last"].tolist() == last and out["both"].tolist() == both
+
+
 def test_a_graph_without_edges_zero_fills_existing_and_new_fields(device):
     """No edges at all: every vertex is one without in-edges, so every reduce_fn output
     is 0 -- one that overwrites a field the call was given (``h``) as well as a new one

@@ -323,11 +323,15 @@ def _zero_without_in_edges(tracer: Tracer, out: SymTensor) -> SymTensor:
     there; a traced reduce_fn runs on every vertex, so its result is selected away on
     those vertices. A bare mailbox reduction is already 0 on an empty mailbox. The zero
     takes the output's kind: a float 0.0 would promote an integer output (``m[:, 0]``,
-    ``m.max(1)[0] + 1``) to a float, rounding integers above 2**24 or 2**53."""
+    ``m.max(1)[0] + 1``) to a float, rounding integers above 2**24 or 2**53, and an int 0
+    a bool one (``m[:, -1]`` of a bool mailbox came back int64)."""
     if out.value.op == "reduce":
         return out
     _finite_without_in_edges(tracer, out)
-    zero = 0.0 if out.dtype.is_floating_point else 0
+    if out.dtype == torch.bool:
+        zero = SymTensor(tracer, tracer.program.add("const", value=False, dtype=torch.bool, source=tracer.source()), 0)
+    else:
+        zero = 0.0 if out.dtype.is_floating_point else 0
     return tracer.apply("select", tracer.in_degree(prefix=1), out, zero)
 
 
