@@ -189,6 +189,40 @@ def test_a_factor_the_same_on_every_edge_is_not_regrouped(dtype, kinds, monkeypa
     assert kinds and all(flag for _, flag, _ in kinds)      # the kernels under test are register-row ones
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_a_chain_of_per_edge_products_is_not_regrouped(dtype, kinds, monkeypatch):
+    """With ``reassoc``, LLVM computed ``h_u * w_e * s_u`` as ``h_u * (w_e * s_u)`` (one
+    scalar product per edge instead of one per column), which moves an overflow or
+    underflow. Column 0, eager code against the kernel before: vertex 1 (in-edges from 2
+    and 3) inf against 2e200 (``(big * big) / big`` is inf, ``big * (big / big)`` not);
+    vertex 3 (from 7, 2 and 0) NaN against inf (vertex 0's ``(big * big) * 0`` is
+    ``inf * 0``, ``big * (big * 0)`` is 0); in float64 vertex 2 (from 7) inf against NaN
+    (``(inf / big) / big`` against ``inf * 0``, 1e-400 underflowing). A body of two or
+    more products compiles without fast-math; one product (GCN's ``h_u * norm_u``) keeps it."""
+    big = 1e20 if dtype == torch.float32 else 1e200
+    graph = hub_graph()
+    src, dst = graph.src.long(), graph.dst.long()
+    h = torch.ones(NUM_NODES, 4, dtype=dtype)
+    h[2], h[7] = big, float("inf")
+    h[7, 1:] = 1.0
+    w = torch.ones(graph.num_edges, 1, dtype=dtype)
+    w[(dst == 1) | (dst == 3)] = big
+    w[dst == 2] = 1 / big
+    s = torch.ones(NUM_NODES, 1, dtype=dtype)
+    s[2], s[7] = 1 / big, 1 / big
+    s[0] = 0.0
+    h[0] = big
+    monkeypatch.setenv("GNNFUSE_BACKEND", "cpu")
+    message = lambda e: {"m": e.src["h"] * e.data["w"] * e.src["s"]}   # noqa: E731
+    with torch.no_grad():
+        out = gnnfuse.message_passing(graph, message, lambda n: {"o": n.mailbox["m"].sum(1)},
+                                      ndata={"h": h, "s": s}, edata={"w": w})["o"]
+    want = torch.zeros_like(h).index_add(0, dst, h[src] * w * s[src])
+    assert want[1, 0].isinf() and want[2, 0].isinf() and want[3, 0].isnan()
+    torch.testing.assert_close(out, want, equal_nan=True, rtol=1e-6, atol=0.0)
+    assert kinds and all(flag for _, flag, _ in kinds)      # the kernels under test are register-row ones
+
+
 def test_multi_head_rows(kinds, monkeypatch, fresh_compile):
     """Rows of shape (heads, D): per-head attention weights broadcast over D, written out
     once per head, not once per column (GAT's 8 x 8 kernels were a thousand lines and

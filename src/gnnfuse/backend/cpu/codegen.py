@@ -322,9 +322,15 @@ def register_row_fastmath(unit: AggregateUnit) -> frozenset[str]:
     (a constant, a destination's value): LLVM multiplied constants first (``h * 1e30 *
     1e30`` as ``h * inf``: NaN at h = 0 where eager code gives 1e30 at h = 1e-30) and
     took a common factor out of the sum (``sum(x * -inf)`` as ``sum(x) * -inf``: inf
-    where eager code adds inf and -inf to NaN)."""
-    regroupable = all(v.op in _REGROUPABLE and not any(i.residency in _SAME_ON_A_ROW for i in v.inputs)
-                      for v in unit.body)
+    where eager code adds inf and -inf to NaN). Nor with two products or more, even of
+    values that vary per edge: LLVM computed ``h_u * w_e * s_u`` as ``h_u * (w_e * s_u)``
+    (one scalar product per edge rather than one per column), which moves an overflow or
+    underflow -- ``(big * big) * 0`` is eager code's NaN, ``big * (big * 0)`` is 0. One
+    product has no order to change (GCN's ``h_u * norm_u``: the flagged units of GCN,
+    SAGE, GIN and APPNP, with or without edge weights, hold at most one)."""
+    regroupable = (all(v.op in _REGROUPABLE and not any(i.residency in _SAME_ON_A_ROW for i in v.inputs)
+                       for v in unit.body)
+                   and sum(v.op == "mul" for v in unit.body) <= 1)
     return REGISTER_ROW_FASTMATH if regroupable else frozenset()
 
 
