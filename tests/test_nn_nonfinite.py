@@ -108,3 +108,32 @@ def test_transform_first_linear_has_exact_first_and_second_derivatives(hops):
         nan_x.masked_fill(~read.unsqueeze(-1), 0.0), weight) * probe).sum(), weight)
     assert torch.isfinite(got).all()
     torch.testing.assert_close(got, expected, rtol=0, atol=0)
+
+
+PYG_MESSAGE_LAYERS = {   # the layer, and the parameters whose gradients PyG keeps finite
+    # lin_msg(x_j) and (lin_msg(x_j) * att_msg).sum(-1) inside message()
+    "general-attention": (lambda lib: lib.GeneralConv(F_IN, 3, attention=True), ("lin_msg.weight", "att_msg")),
+    # (x_j - x_i) @ u, split by distribute_products, and x_j @ lin.weight^T inside message()
+    "feast-no-loops": (lambda lib: lib.FeaStConv(F_IN, 3, heads=2, add_self_loops=False), ("lin.weight", "u.weight")),
+}
+
+
+@pytest.mark.parametrize("name", PYG_MESSAGE_LAYERS)
+def test_compiled_pyg_messages_keep_pygs_gradients_for_unread_nan_rows(name):
+    """PyG layers compiled from their ``message()`` (gnnfuse.nn.GeneralConv, FeaStConv)
+    apply a parameter to gathered rows per edge in PyG; gnnfuse moves the product onto
+    every vertex row (`reorder_broadcasts`), and the parameter's gradient met NaN rows of
+    vertices no edge reads with their zero gradients: GeneralConv's ``lin_msg.weight`` and
+    ``att_msg`` and FeaStConv's ``lin.weight`` and ``u.weight`` were NaN where PyG's are
+    numbers (vertices 4 and 5 send no edge here)."""
+    import gnnfuse.nn as gnn_all
+    torch.manual_seed(3)
+    make, finite = PYG_MESSAGE_LAYERS[name]
+    ref, ours = make(pyg).double(), make(gnn_all).double()
+    ours.load_state_dict(ref.state_dict())
+    x = features(nan_rows=(4, 5))
+    got = outputs_and_grads(ours, lambda xs: ours(xs, EDGE_INDEX), x)
+    expected = outputs_and_grads(ref, lambda xs: ref(xs, EDGE_INDEX), x)
+    assert got.keys() == expected.keys() and all(torch.isfinite(expected[key]).all() for key in finite)
+    for key in got:
+        assert_same_values(got[key], expected[key], key)

@@ -59,6 +59,7 @@ from torch_geometric.nn.aggr import (MaxAggregation, MeanAggregation, MinAggrega
 from ..graph import Graph
 from ..graph.index_cache import functorch_interpreter
 from ..ir import CompileError, Residency
+from ..passes.reorder import mask_unread_rows_of_gathered_products
 from ..runtime.compiled import read_back_by_backward
 from .kept_traced import KeptTraced, containers_within, contents, from_library, holds_traced, restore, same_contents
 from .module_hooks import registered_hooks
@@ -477,6 +478,8 @@ def trace_message(layer: PyGMessagePassing, args: _Arguments, op: str, size: lis
         raise NotCompilable(f"node_dim={layer.node_dim} does not aggregate message's leading (edge) axis")
     reduce = "sum" if op == "softmax" else op
     tracer.program.output("out", tracer.program.add("reduce", out.value, op=reduce, by="dst"))
+    # PyG applies lin(x_j) per edge: a moved product's unread NaN rows must not reach lin's gradient
+    mask_unread_rows_of_gathered_products(tracer.program)
     return tracer
 
 

@@ -14,7 +14,8 @@ select's own derivative gives those rows exact zeros whatever the op computed th
 Bounded ops (products, matmuls, activations: GCN's ``u.h * u.norm``) move unmasked, at no
 cost: with finite features their unread rows' gradients are exact zeros already. A NaN
 *feature* on such a row can still meet a zero gradient in a partner operand's (a weight's)
-gradient, as in PyG's own transform-first layers; the README says so."""
+gradient, as in PyG's own transform-first layers; the README says so. The PyG front end,
+whose oracle computes such products per edge, masks them (`mask_unread_rows_of_gathered_products`)."""
 from __future__ import annotations
 
 import math
@@ -92,6 +93,39 @@ def mask_rows_only_gathers_read(program: Program) -> None:
         if masked != v.inputs:
             v.inputs, changed = masked, True
     if changed:         # once: the loop walks a copy of the values, and the masks are new values
+        program.toposort()
+
+
+def mask_unread_rows_of_gathered_products(program: Program) -> None:
+    """A product of gathered rows and a parameter (``lin(x_j)``, ``x_j * att``,
+    ``(x_j - x_i) @ u``) in a PyG ``message`` reads its rows as 0 on vertices the gather
+    never reads: `reorder_broadcasts` (after `distribute_products`) moves such a product
+    above the gather, onto every vertex row, and the parameter's gradient ``x^T g`` then met
+    a NaN or inf feature of a vertex the gather never reads (an isolated one) with that
+    row's exact zero gradient (``0 * NaN``): NaN where PyG, which computes the product per
+    edge, gives a number (GeneralConv's ``lin_msg.weight``, FeaStConv's ``lin.weight`` and
+    ``u.weight`` without self loops). The gather itself reads the same values, and ``x``'s
+    gradient is an exact zero on the other rows, as in PyG. Only the PyG front end runs
+    it: the vertex and message/reduce front ends document that leak and keep their moved
+    products unmasked, at no cost."""
+    masked: set[int] = set()
+    for v in list(program.values):
+        if v.op not in ("matmul", "mul") or len(v.inputs) != 2:
+            continue
+        if not any(i.residency is Residency.SHARED and i.op != "const" for i in v.inputs):
+            continue
+        for rowed in v.inputs:
+            terms = rowed.inputs if rowed.op in ("add", "sub") else (rowed,)
+            for gather in terms:
+                rows = gather.inputs[0] if gather.op == "broadcast" else None
+                if (rows is None or gather.id in masked or rows.residency is not Residency.NODE
+                        or not rows.dtype.is_floating_point):
+                    continue
+                read = program.add("degree", source=v.source, by=gather.attrs["by"], dtype=rows.dtype)
+                zero = program.add("const", source=v.source, value=0.0, dtype=rows.dtype)
+                gather.inputs = (program.add("select", read, rows, zero, source=v.source),)
+                masked.add(gather.id)
+    if masked:          # once: the masks are new values, added after the gathers reading them
         program.toposort()
 
 
