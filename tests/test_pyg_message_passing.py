@@ -181,6 +181,40 @@ def test_a_fallback_warns_once_per_cause_not_once_per_class():
             torch.testing.assert_close(g, e, rtol=0, atol=1e-12)
 
 
+
+def test_a_fallback_class_made_in_a_loop_is_freed_with_its_closure():
+    """The once-per-class warning record (`message_passing._WARNED`) held every class that
+    fell back, strongly: a sweep defining its layer class in a loop (here a hook forces
+    PyG's propagate) kept all 20 classes, and the [1000, 100] tensor each one's message
+    closed over, alive for good. The record now lets a class go with its last layer."""
+    import gc
+    import weakref
+
+    def make():
+        scale = torch.randn(1000, 100)
+
+        class Scaled(gnnfuse.nn.MessagePassing):
+            def forward(self, x, edge_index):
+                return self.propagate(edge_index, x=x)
+
+            def message(self, x_j):
+                return x_j * scale[0, 0]
+        return Scaled, scale
+
+    refs = []
+    edge_index = torch.tensor([[0, 1, 2], [1, 2, 0]])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for _ in range(20):
+            cls, scale = make()
+            layer = cls()
+            layer.register_propagate_forward_hook(lambda module, inputs, out: None)
+            layer(torch.randn(3, 4), edge_index)
+            refs += [weakref.ref(cls), weakref.ref(scale)]
+            del cls, scale, layer
+    gc.collect()
+    assert sum(ref() is not None for ref in refs) == 0
+
 def count_traces(monkeypatch) -> list[int]:
     traced = []
     real = pyg_message_passing.trace_message

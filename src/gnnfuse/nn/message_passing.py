@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import re
+import weakref
 from typing import Any, Callable, Iterator
 
 import torch
@@ -51,7 +52,9 @@ from .torchscript import NotScriptable
 # PyG runs the generic one only in explain mode or with ``decomposed_layers`` (see
 # `_eager_propagate`).
 _EAGER_PROPAGATE = PyGMessagePassing.__dict__.get("_orig_propagate", PyGMessagePassing.propagate)
-_WARNED: dict[type, set[str]] = {}     # class -> the causes it has been warned about (`_warn_once`)
+# class -> the causes it has been warned about (`_warn_once`). Weak: a class defined in a
+# loop (a sweep's layer) was kept for good, with whatever its methods close over.
+_WARNED: "weakref.WeakKeyDictionary[type, set[str]]" = weakref.WeakKeyDictionary()
 _EAGER_FLAG = "_gnnfuse_eager"      # an instance attribute: set by `eagerly`, read by `propagate`
 
 
