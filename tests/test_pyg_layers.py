@@ -359,6 +359,38 @@ def test_compiled_class_takes_other_message_passing_classes():
         gnnfuse.nn.compiled_class(pyg_nn.DirGNNConv)
 
 
+
+def test_compiled_class_of_a_class_made_in_a_loop_is_freed_with_it():
+    """compiled_class cached by its argument, and its compiled class subclasses the argument:
+    a sweep compiling a layer class defined in its loop kept all 20 classes, and the
+    [1000, 100] tensor each one's message closed over, alive for good. The compiled class
+    is still one per class while the class lives."""
+    import gc
+    import weakref
+
+    def make():
+        scale = torch.randn(1000, 100)
+
+        class Scaled(pyg_nn.MessagePassing):
+            def forward(self, x, edge_index):
+                return self.propagate(edge_index, x=x)
+
+            def message(self, x_j):
+                return x_j * scale[0, 0]
+        return Scaled, scale
+
+    refs = []
+    edge_index = torch.tensor([[0, 1, 2], [1, 2, 0]])
+    for _ in range(20):
+        cls, scale = make()
+        compiled = gnnfuse.nn.compiled_class(cls)
+        assert gnnfuse.nn.compiled_class(cls) is compiled
+        compiled()(torch.randn(3, 4), edge_index)
+        refs += [weakref.ref(cls), weakref.ref(scale)]
+        del cls, scale, compiled
+    gc.collect()
+    assert sum(ref() is not None for ref in refs) == 0
+
 @pytest.mark.parametrize("flag", [True, False])
 @pytest.mark.parametrize("name", ["FAConv", "TransformerConv"])
 def test_attention_weights_are_pyg_s(name, flag):

@@ -69,11 +69,18 @@ NOT_EXPORTED = {
 }
 
 
-@functools.cache
+# The attribute of a source class (in its own ``__dict__``, not inherited) holding its
+# compiled class. Not a cache keyed by the class: the compiled class subclasses it, so
+# such a cache holds both for good -- a sweep defining its layer class in a loop kept
+# every class and what its methods close over. Held by the source class, the two are one
+# reference cycle, freed together.
+_COMPILED_ATTRIBUTE = "_gnnfuse_compiled_class"
+
+
 def compiled_class(pyg_class: type) -> type:
     """``pyg_class`` (a subclass of PyG's ``MessagePassing``) with gnnfuse's compiling
-    ``propagate``; one class per ``pyg_class``. Its layers pickle (`_pickled_name`) where
-    layers of ``pyg_class`` do."""
+    ``propagate``; one class per ``pyg_class``, kept while ``pyg_class`` is. Its layers
+    pickle (`_pickled_name`) where layers of ``pyg_class`` do."""
     import torch_geometric.nn
     from torch_geometric.nn import MessagePassing as PyGMessagePassing
 
@@ -86,6 +93,9 @@ def compiled_class(pyg_class: type) -> type:
                         + advice)
     if issubclass(pyg_class, MessagePassing):
         return pyg_class
+    made = pyg_class.__dict__.get(_COMPILED_ATTRIBUTE)
+    if made is not None:
+        return made
     _refuse_own_propagate(pyg_class, PyGMessagePassing)
     namespace: dict[str, Any] = {**_pickled_name(pyg_class), "__doc__": pyg_class.__doc__,
                                  "_gnnfuse_source_class": pyg_class}
@@ -96,7 +106,9 @@ def compiled_class(pyg_class: type) -> type:
     namespace.update(forward=_graphs_as_edge_index(forward))
     if isinstance(inspect.getattr_static(pyg_class, "get_degree_histogram", None), staticmethod):
         namespace.update(get_degree_histogram=_unpadded_histogram(pyg_class.get_degree_histogram))
-    return type(pyg_class.__name__, (MessagePassing, pyg_class), namespace)
+    made = type(pyg_class.__name__, (MessagePassing, pyg_class), namespace)
+    setattr(pyg_class, _COMPILED_ATTRIBUTE, made)
+    return made
 
 
 def _unpadded_histogram(histogram: Callable[[Any], Any]) -> staticmethod:
