@@ -456,3 +456,25 @@ def test_edgeconv_eager_fallback_is_warned_about_at_the_callers_line(monkeypatch
         layer(x, _graph_edges())
     said = [(w.filename, w.lineno) for w in caught if "EdgeConv runs eagerly" in str(w.message)]
     assert said == [(__file__, line)]
+
+
+def test_a_sweep_over_gat_settings_keeps_a_bounded_number_of_attention_udfs(monkeypatch):
+    """GAT's attention UDF is built per (slope, dropout, training, dst_term) and every one
+    built was kept for the process (`compiled_call._MADE`): a random search over the slope
+    kept two per trial (training and eval), 6.8 KiB a trial on the CPU once the trace
+    caches were full, without bound. With the bound at 8, 30 trials kept 60; now 8."""
+    import gc
+
+    from gnnfuse.frontend import compiled_call
+    from gnnfuse.frontend.message import UpdateAll
+    monkeypatch.setattr(compiled_call, "_MADE_LIMIT", 8, raising=False)
+    edge_index, x = torch.tensor([[0, 1, 2, 3], [1, 2, 3, 0]]), torch.randn(4, 3)
+    for trial in range(30):
+        layer = gnn.GATConv(3, 2, negative_slope=0.01 * (trial + 1))
+        layer(x, edge_index).sum().backward()
+        with torch.no_grad():
+            layer.eval()(x, edge_index)
+    del layer
+    gc.collect()
+    alive = sum(isinstance(o, UpdateAll) for o in gc.get_objects())
+    assert alive <= 8, alive

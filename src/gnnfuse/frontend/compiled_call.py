@@ -33,6 +33,7 @@ import functools
 import itertools
 import operator
 import weakref
+from collections import OrderedDict
 from typing import Any, Callable, Hashable, Mapping
 
 import torch
@@ -105,7 +106,13 @@ class _Made:
 
 _BUILDERS: dict[str, Callable[..., Any]] = {}
 _MADE = _Made()
-_NAMES: dict[tuple[str, tuple], str] = {}
+_NAMES: OrderedDict[tuple[str, tuple], str] = OrderedDict()     # least recently asked first
+# UDFs kept; beyond that the least recently asked is dropped (a layer still using it builds
+# it again). Their arguments are hyperparameters: a random search over GAT's slope or
+# APPNP's alpha built two per trial (training and eval), kept for the process (6.8 KiB a
+# trial on the CPU once the trace caches were full).
+_MADE_LIMIT = 256
+_MADE_COUNT = itertools.count()     # attribute names are never reused: dynamo guards on them
 
 
 @_constant_result
@@ -113,11 +120,16 @@ def _made(name: str, args: tuple) -> str:
     """The `_MADE` attribute holding ``name(*args)``, built on first use. A constant to
     dynamo, which then reads the UDF from the module's table, a lookup it can guard."""
     key = (name, args)
-    if key not in _NAMES:
-        made = _BUILDERS[name](*args)       # first: a builder may itself make another UDF
-        _NAMES[key] = attribute = f"udf_{len(_NAMES)}"
-        setattr(_MADE, attribute, made)
-    return _NAMES[key]
+    attribute = _NAMES.get(key)
+    if attribute is not None:
+        _NAMES.move_to_end(key)
+        return attribute
+    made = _BUILDERS[name](*args)       # first: a builder may itself make another UDF
+    while len(_NAMES) >= _MADE_LIMIT:
+        delattr(_MADE, _NAMES.popitem(last=False)[1])
+    _NAMES[key] = attribute = f"udf_{next(_MADE_COUNT)}"
+    setattr(_MADE, attribute, made)
+    return attribute
 
 
 @_constant_result
