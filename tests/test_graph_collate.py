@@ -463,3 +463,33 @@ def test_the_loaders_data_set_and_the_users_are_one_data_set():
     assert type(view).__name__ == "Graphs" and len(view) == 3
     for a, b in zip(gnnfuse.loader.DataLoader(subset, batch_size=2), PyGDataLoader(subset, batch_size=2), strict=True):
         assert_same_batch(a, b)
+
+
+def test_a_data_set_class_made_in_a_function_is_freed_after_its_loader():
+    """The selecting view's class (a subclass of the data set's, made per class) was cached
+    by the class, so a data set class defined in a function stayed alive for good with
+    what its methods close over: 10 such classes and the 10 [1000, 100] tensors they
+    closed over outlived their loaders, where PyG's DataLoader lets all 20 go."""
+    import gc
+    import weakref
+
+    def make():
+        scale = torch.randn(1000, 100)
+
+        class Scaled(InMemoryDataset):
+            def __init__(self):
+                super().__init__()
+                self.data, self.slices = self.collate([Data(x=torch.randn(3, 2) * scale[0, 0],
+                                                            edge_index=torch.tensor([[0, 1], [1, 2]]))
+                                                       for _ in range(8)])
+        return Scaled, scale
+
+    refs = []
+    for _ in range(10):
+        cls, scale = make()
+        loader = gnnfuse.loader.DataLoader(cls(), batch_size=4)
+        assert [batch.num_graphs for batch in loader] == [4, 4]
+        refs += [weakref.ref(cls), weakref.ref(scale)]
+        del cls, scale, loader
+    gc.collect()
+    assert sum(ref() is not None for ref in refs) == 0

@@ -30,7 +30,6 @@ compares every one against ``Batch.from_data_list``).
 """
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -265,11 +264,22 @@ def _reduce(view: Any) -> tuple:
     return _rebuild, (plain,)
 
 
-@functools.lru_cache(maxsize=None)
+# The attribute of a data set class (in its own ``__dict__``) holding its selecting class.
+# Not a cache keyed by the class: the selecting class subclasses it, so such a cache held
+# both for good -- a data set class defined in a function (a sweep's, a test's) stayed
+# alive with what its methods close over, where PyG's loader lets it go. Held by the
+# class, the two are one reference cycle, freed together.
+_SELECTING_ATTRIBUTE = "_gnnfuse_selecting_class"
+
+
 def _selecting_class(cls: type) -> type:
     """``cls`` with a ``__getitems__`` (`_select`): what torch's loader calls once per
     batch, where it would otherwise index the data set once per graph."""
-    return type(cls.__name__, (cls,), {"__getitems__": _select, "__reduce__": _reduce, "__module__": cls.__module__})
+    made = cls.__dict__.get(_SELECTING_ATTRIBUTE)
+    if made is None:
+        made = type(cls.__name__, (cls,), {"__getitems__": _select, "__reduce__": _reduce, "__module__": cls.__module__})
+        setattr(cls, _SELECTING_ATTRIBUTE, made)
+    return made
 
 
 def selecting_view(dataset: Any) -> Any | None:
