@@ -572,6 +572,20 @@ def test_torch_sum_of_narrow_integers_and_booleans_is_int64_as_in_torch(dtype, d
     assert asked.dtype == torch.int64 and torch.equal(asked, aggregate(wide[SRC].sum(-1)))
 
 
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int16])
+def test_a_feature_sum_with_its_own_narrow_dtype_keeps_it_as_in_torch(dtype, device):
+    """``x.sum(-1, dtype=torch.int32)`` of int32 data sums in int32, wrapping, as torch
+    does; it came back int64, unwrapped: 2**32 where torch gives 0 for four int32 2**30."""
+    big = {torch.int32: 2**30, torch.int16: 2**14}[dtype]
+    table = torch.full((len(SRC), 4), big, dtype=dtype, device=device)
+    out = gnnfuse.apply_edges(graph(device), lambda e: {"s": e.data["x"].sum(-1, dtype=dtype),
+                                                        "t": torch.sum(e.data["x"], dim=-1, keepdim=True, dtype=dtype)},
+                              edata={"x": table})
+    assert out["s"].dtype == out["t"].dtype == dtype
+    assert torch.equal(out["s"], table.sum(-1, dtype=dtype))
+    assert torch.equal(out["t"], table.sum(-1, keepdim=True, dtype=dtype))
+
 NTYPE = torch.tensor([0, 1, 1, 0, 1, 0])
 
 

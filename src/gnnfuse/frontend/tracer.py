@@ -661,6 +661,11 @@ def _reduction(feature_op: str | None, graph_op: str, name: str | None = None, p
             raise tracer.error(f"torch.{name} over feature dims has no gnnfuse op")
         else:
             result = tracer.apply(feature_op, x, dim=tuple(dims), keepdim=bool(keepdim))
+            if dtype is not None and result.dtype != dtype:
+                # ``x.sum(-1, dtype=torch.int32)`` of int32 data: torch sums in int32 (wrapping),
+                # the op in int64, so the result came back int64 (2**32 where torch gives 0);
+                # the int64 sum cast back wraps as torch's int32 sum does
+                result = tracer.apply("cast", result, dtype=dtype)
         if not pair:
             return result
         values_and_indices = _ReduceResult((result, _Indices(tracer)))
