@@ -89,6 +89,52 @@ def test_a_float64_degree_scale_keeps_double_precision(backend, device):
     torch.testing.assert_close(got, d * degree.double().pow(-0.5)[:, None], rtol=1e-12, atol=0)
 
 
+ROW_SCALAR_EXPRESSIONS = {
+    # per-row scalars of a vertex function (``u.s`` of an [N] table, a feature sum, an item)
+    # are 0-dim tensors in eager code run for one vertex, and promote as such
+    "row": lambda u, v, c: u.h * u.s, "dst_row": lambda u, v, c: u.h * v.s,
+    "summed": lambda u, v, c: u.h * u.d.sum(-1), "item": lambda u, v, c: u.h * u.d[0],
+    "maximum": lambda u, v, c: torch.maximum(u.h, u.s), "alpha": lambda u, v, c: torch.add(u.h, v.s, alpha=2),
+    "two_scalars": lambda u, v, c: u.t * c}
+
+
+def test_per_row_scalars_of_a_vertex_function_promote_as_0_dim_tensors(backend, device):
+    """Eager code for one vertex holds ``u.s`` of an [N] table as a 0-dim tensor, which
+    does not widen a float32 [F] row: ``u.h * u.s`` of float32 ``h`` and float64 ``s`` is
+    float32 there. The trace ranked both with their row axis and gave float64 (so a later
+    ``@ W`` of a float32 W raised), and ``u.t * S`` of float32 ``t`` and a captured 0-dim
+    float64 ``S`` float32 where eager gives float64 (two 0-dim tensors)."""
+    graph = gnnfuse.Graph(torch.tensor(SRC), torch.tensor(DST), 4).to(device)
+    t = {k: x for k, x in tables(device).items() if k in ("h", "d")}
+    gen = torch.Generator().manual_seed(1)
+    t["s"] = torch.randn(4, dtype=torch.float64, generator=gen).to(device).requires_grad_()
+    t["t"] = torch.randn(4, generator=gen).to(device).requires_grad_()
+    scale = torch.tensor(0.5, dtype=torch.float64, device=device)      # a captured 0-dim tensor
+
+    @gnnfuse.vertex
+    def row_scalars(v):
+        return {"row": sum([u.h * u.s for u in v.innbs]), "dst_row": sum([u.h * v.s for u in v.innbs]),
+                "summed": sum([u.h * u.d.sum(-1) for u in v.innbs]), "item": sum([u.h * u.d[0] for u in v.innbs]),
+                "maximum": sum([torch.maximum(u.h, u.s) for u in v.innbs]),
+                "alpha": sum([torch.add(u.h, v.s, alpha=2) for u in v.innbs]),
+                "two_scalars": sum([u.t * scale for u in v.innbs])}
+    got = row_scalars(graph, t)
+    rows = []
+    for vertex in range(4):
+        sources = [s for s, d in zip(SRC, DST) if d == vertex]
+        u_rows = [type("Row", (), {k: x[s] for k, x in t.items()}) for s in sources]
+        v_row = type("Row", (), {k: x[vertex] for k, x in t.items()})
+        rows.append({k: sum(f(u, v_row, scale) for u in u_rows) for k, f in ROW_SCALAR_EXPRESSIONS.items()})
+    expected = {k: torch.stack([r[k] for r in rows]) for k in rows[0]}
+    assert {k: x.dtype for k, x in got.items()} == {k: x.dtype for k, x in expected.items()}
+    torch.testing.assert_close(got, expected)
+    leaves = list(t.values())
+    grads = torch.autograd.grad(sum(x.double().sum() for x in got.values()), leaves)
+    for g, e in zip(grads, torch.autograd.grad(sum(x.double().sum() for x in expected.values()), leaves)):
+        assert g.dtype == e.dtype
+        torch.testing.assert_close(g, e)
+
+
 def message(edges):
     return {"m": edges.src["h"], "k": edges.src["i"]}
 

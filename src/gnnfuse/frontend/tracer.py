@@ -465,7 +465,32 @@ def _elementwise(tracer: Tracer, op: str, a: SymTensor, b: SymTensor) -> SymTens
     """``op(a, b)`` in the dtype eager torch gives it, a Python number among the operands
     (a constant, the in-degree) promoted as torch promotes one (`numbers.as_eager`)."""
     a_value, b_value = as_eager(tracer.program, a.value, b.value)
-    return tracer.apply(op, SymTensor(tracer, a_value, a.prefix), SymTensor(tracer, b_value, b.prefix))
+    a, b = SymTensor(tracer, a_value, a.prefix), SymTensor(tracer, b_value, b.prefix)
+    if tracer.mode == "vertex" and not (is_number(a_value) or is_number(b_value)):
+        a, b = _per_vertex_promoted(tracer, a, b)
+    return tracer.apply(op, a, b)
+
+
+def _per_vertex_promoted(tracer: Tracer, a: SymTensor, b: SymTensor) -> tuple[SymTensor, SymTensor]:
+    """``a`` and ``b`` of a vertex function, cast to the dtype eager code run for one
+    vertex computes their op in. There a per-row scalar (``u.s`` of an [N] table,
+    ``u.h.sum(-1)``, ``u.h[0]``) is a 0-dim tensor, which does not widen a tensor with dims
+    of its kind (and a per-row value beside a captured 0-dim tensor is promoted as two
+    0-dim tensors are); the IR ranks values with their row axis, so ``u.h * u.s`` of float32
+    ``h`` and float64 ``s`` came out float64 where eager code gives float32 (and ``u.s *
+    S`` of float32 ``s`` and a captured 0-dim float64 ``S`` float32 where it gives
+    float64). Casting both operands first is what torch does: it computes in that dtype."""
+    def per_row(x: SymTensor) -> torch.Tensor:
+        return torch.empty(x.value.shape, dtype=x.dtype, device="meta")
+
+    def with_rows(x: SymTensor) -> torch.Tensor:
+        rows = () if x.value.residency is Residency.SHARED else (1,)
+        return torch.empty(rows + tuple(x.value.shape), dtype=x.dtype, device="meta")
+
+    eager = torch.result_type(per_row(a), per_row(b))
+    if eager == torch.result_type(with_rows(a), with_rows(b)):
+        return a, b
+    return _cast(tracer, a, eager), _cast(tracer, b, eager)
 
 
 def _in_place(x: Any, result: "SymTensor") -> "SymTensor":
