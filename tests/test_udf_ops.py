@@ -859,3 +859,24 @@ def test_slice_of_an_edge_value_is_fused_into_the_kernel(device):
     assert not [v for v in plan if getattr(v, "op", None) == "slice_features"]
     assert_matches(lambda: gnnfuse.message_passing(graph(device), message, reduce, ndata={"h": h})["o"],
                    lambda: aggregate((h[SRC] * h[DST])[:, 1::2] + (h[SRC] - h[DST])[:, 0, None]), [h])
+
+
+def test_alpha_of_add_and_sub_scales_in_the_promoted_dtype(device):
+    """``torch.add(x, y, alpha=a)`` computes ``x + a * y`` in x's and y's promoted dtype.
+    ``a * y`` was computed in y's own dtype first: float64 ``x`` plus float32 ``y = 1`` with
+    ``alpha=0.1`` gave 0.10000000149011612 where torch gives 0.1, an int64 ``y`` of
+    2**25 + 1 was rounded to float32 (3355443.25 where torch gives 3355443.3), and integer
+    operands with a float alpha, which torch refuses, gave floats."""
+    x = torch.zeros(N, 2, dtype=torch.float64, device=device)
+    edata = {"y": torch.ones(len(SRC), 2, device=device), "k": torch.full((len(SRC), 2), 2**25 + 1, device=device)}
+    out = gnnfuse.apply_edges(graph(device), lambda e: {"add": torch.add(e.src["x"], e.data["y"], alpha=0.1),
+                                                        "sub": e.src["x"].sub(e.data["y"], alpha=0.1),
+                                                        "int": e.src["x"].add(e.data["k"], alpha=0.1)},
+                              ndata={"x": x}, edata=edata)
+    xs = x[SRC.to(device)]
+    expected = {"add": torch.add(xs, edata["y"], alpha=0.1), "sub": xs.sub(edata["y"], alpha=0.1),
+                "int": xs.add(edata["k"], alpha=0.1)}
+    torch.testing.assert_close(out, expected, rtol=0, atol=0)
+    with pytest.raises(CompileError, match="floating-point alpha=0.5"):
+        gnnfuse.apply_edges(graph(device), lambda e: {"o": torch.add(e.data["k"], e.data["k"], alpha=0.5)},
+                            edata=edata)

@@ -453,12 +453,36 @@ def _binary(op: str, reverse: bool = False):
             raise tracer.error(f"torch.div with rounding_mode={rounding_mode!r} (floor or truncating division) "
                                "has no gnnfuse op; compute it outside the compiled function")
         if alpha is not None and alpha != 1:
-            b = _binary("mul")(tracer, b, alpha)
+            b = _scaled_by_alpha(tracer, a, b, alpha)
         a, b = (b, a) if reverse else (a, b)
         if op == "div" and isinstance(b, Degree):
             return _elementwise(tracer, "div", tracer.lift(a), b.clamped())
         return _elementwise(tracer, op, *torch_broadcast(tracer, a, b))
     return handler
+
+
+def _scaled_by_alpha(tracer: Tracer, a: Any, b: Any, alpha: Any) -> Any:
+    """``alpha * b`` of ``torch.add(a, b, alpha=...)`` / ``sub``, computed in the dtype
+    torch computes the whole op in (``a``'s and ``b``'s promoted one), as torch does.
+    Multiplied first in ``b``'s own dtype, ``torch.add(x, y, alpha=0.1)`` of float64 ``x``
+    and float32 ``y = 1`` gave 0.10000000149 where torch gives 0.1, and an int64 ``y`` of
+    2**25 + 1 was rounded to float32; and integer operands with a float ``alpha``, which
+    torch refuses, gave a float result."""
+    a, b = tracer.lift(a), tracer.lift(b)
+    if is_number(b.value):
+        return _binary("mul")(tracer, b, alpha)
+    if is_number(a.value):
+        common = b.dtype
+    else:
+        def stand_in(x: SymTensor) -> torch.Tensor:
+            rows = () if x.value.residency is Residency.SHARED or tracer.mode == "vertex" else (1,)
+            return torch.empty(rows + tuple(x.value.shape), dtype=x.dtype, device="meta")
+        common = torch.result_type(stand_in(a), stand_in(b))
+    if isinstance(alpha, float) and not (common.is_floating_point or common.is_complex):
+        raise tracer.error(f"torch.add / torch.sub of {common} operands with a floating-point alpha={alpha}: "
+                           "torch refuses it (for integral input tensors, alpha must not be a floating point "
+                           "number)")
+    return _binary("mul")(tracer, _cast(tracer, b, common), alpha)
 
 
 def _elementwise(tracer: Tracer, op: str, a: SymTensor, b: SymTensor) -> SymTensor:
