@@ -1490,6 +1490,37 @@ def test_in_place_writes_reach_every_name_bound_to_the_value():
     check_against(out, expected, h)
 
 
+def _wider_added_in_place(edges):
+    x = edges.src["h"] * 1.0
+    x += edges.data["w"]
+    return {"m": x}
+
+
+def _float_added_to_ints_in_place(edges):
+    k = edges.src["k"] * 1
+    k += edges.data["w"]
+    return {"m": k}
+
+
+def test_an_in_place_op_writes_a_wider_result_in_the_values_dtype_as_torch_does():
+    """``x += w`` of float32 ``x`` and float64 ``w``: torch computes in float64 and writes
+    float32 into ``x``; it was refused as changing the value's dtype ("as in torch").
+    A float written into an integer value stays refused, as torch refuses it."""
+    g, h = graph(), features().detach().float().requires_grad_()
+    w = torch.randn(len(g.src), h.shape[1], dtype=torch.float64, requires_grad=True)
+    out = gnnfuse.apply_edges(g, _wider_added_in_place, ndata={"h": h}, edata={"w": w})["m"]
+    expected = h[g.src] * 1.0
+    expected += w
+    assert out.dtype == expected.dtype == torch.float32
+    torch.testing.assert_close(out, expected, rtol=0, atol=0)
+    grads = torch.autograd.grad((out * 3).sum(), [h, w])
+    for got, want in zip(grads, torch.autograd.grad((expected * 3).sum(), [h, w])):
+        assert got.dtype == want.dtype
+        torch.testing.assert_close(got, want)
+    with pytest.raises(CompileError, match=r"cannot change a value's feature shape or dtype"):
+        gnnfuse.apply_edges(g, _float_added_to_ints_in_place, ndata={"k": torch.arange(15).view(5, 3)}, edata={"w": w})
+
+
 def test_clamping_an_integer_graph_value_is_refused():
     """Its bounds are traced as floats: an id of 2**24 + 1 came back as 2**24, a float."""
     g = graph()

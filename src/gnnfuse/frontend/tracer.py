@@ -538,9 +538,13 @@ def _in_place(x: Any, result: "SymTensor") -> "SymTensor":
         raise x.tracer.error("an in-place op on a view of a graph value, or on a value a view was taken of "
                              "(x.view(...), x[:, :2], x.unsqueeze(...)), would write both in torch; it "
                              "cannot be compiled, so write it out of place (h = h + ...)")
-    if result.value.shape != x.value.shape or result.value.dtype != x.value.dtype:
+    if result.value.shape != x.value.shape or not torch.can_cast(result.value.dtype, x.value.dtype):
         raise x.tracer.error(f"an in-place op cannot change a value's feature shape or dtype ({list(x.value.shape)} "
                              f"{x.value.dtype} -> {list(result.value.shape)} {result.value.dtype}), as in torch")
+    if result.value.dtype != x.value.dtype:
+        # ``h += w`` of float32 h and float64 w: torch computes in float64 and writes the
+        # result into h as float32 (a cast torch allows); it was refused as a dtype change
+        result = x.tracer.apply("cast", result, dtype=x.value.dtype)
     x.value, x.prefix = result.value, result.prefix
     return x
 
