@@ -212,6 +212,26 @@ def test_a_reshape_setting_a_graph_axis_to_1_is_rejected_at_its_line():
         assert line_of(at, text) in str(info.value)
 
 
+def test_a_view_as_another_dtype_is_named_and_one_as_the_own_dtype_is_the_value():
+    """``x.view(dtype)`` is torch's other view (the bytes read as another dtype), not a
+    reshape: the dtype was taken for a size and refused as "reshape [torch.int64] must
+    keep the leading graph dims as -1", and ``x.view(x.dtype)``, the value itself in
+    torch, was refused the same way."""
+    def reinterpreted(edges):
+        return {"m": edges.src["h"].view(torch.int64)}
+
+    def same(edges):
+        return {"m": edges.src["h"].view(torch.float64) * 2}
+    sum_mailbox = lambda nodes: {"out": torch.sum(nodes.mailbox["m"], 1)}   # noqa: E731
+    with pytest.raises(CompileError, match=r"x.view\(torch.int64\) of a torch.float64 graph value reinterprets "
+                                           r"its bytes") as info:
+        gnnfuse.message_passing(graph("cpu"), reinterpreted, sum_mailbox, ndata={"h": features("cpu")})
+    assert line_of(reinterpreted, "view(torch.int64)") in str(info.value)
+    h = features("cpu")
+    out = gnnfuse.message_passing(graph("cpu"), same, sum_mailbox, ndata={"h": h})["out"]
+    check(out, lambda: torch.stack([2 * rows.sum(0) for rows in mailbox(h)]), [h])
+
+
 # --- 3: len() of a neighbour list inside a helper the vertex function calls ---------------
 def _mean_of(values):
     one = max(2, min(4, 3)) - len([0, 1]) + sum(i for i in range(1))   # builtins on other values

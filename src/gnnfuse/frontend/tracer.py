@@ -818,6 +818,15 @@ def _cat(tracer: Tracer, tensors, dim=0):
 def _reshape(tracer: Tracer, x, *shape):
     x = tracer.lift(x)
     shape = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list, torch.Size)) else shape
+    if any(isinstance(s, torch.dtype) for s in shape):
+        # ``x.view(dtype)`` is torch's other view: the same bytes read as another dtype. Taken
+        # for a size, it was refused as "reshape [torch.int64] must keep the leading graph
+        # dims as -1", naming a reshape the line never wrote
+        if shape == (x.dtype,):
+            return x
+        raise tracer.error(f"x.view({', '.join(map(str, shape))}) of a {x.dtype} graph value reinterprets its bytes "
+                           "as another dtype, which has no gnnfuse op; convert the value (x.to(dtype)) or pass "
+                           "the data in as the dtype you want")
     lead, elem = shape[: x.prefix], shape[x.prefix:]
     if any(isinstance(s, RowCount) for s in shape[1:]):
         raise next(s for s in shape[1:] if isinstance(s, RowCount)).error()
