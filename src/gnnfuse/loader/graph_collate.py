@@ -277,7 +277,8 @@ def _selecting_class(cls: type) -> type:
     batch, where it would otherwise index the data set once per graph."""
     made = cls.__dict__.get(_SELECTING_ATTRIBUTE)
     if made is None:
-        made = type(cls.__name__, (cls,), {"__getitems__": _select, "__reduce__": _reduce, "__module__": cls.__module__})
+        made = type(cls.__name__, (cls,),
+                    {"__getitems__": _select, "__reduce__": _reduce, "__module__": cls.__module__})
         setattr(cls, _SELECTING_ATTRIBUTE, made)
     return made
 
