@@ -275,6 +275,28 @@ def test_input_nodes_that_are_not_ids_or_a_mask_are_refused_by_name(input_nodes)
         NeighborLoader(graph, [2], input_nodes=input_nodes)
 
 
+def test_a_boolean_mask_that_is_not_one_dimensional_is_refused_by_name():
+    """A ``[N, 1]`` mask (``train_mask.unsqueeze(1)``, a column read from a table) has N
+    entries, as the count check asked, but ``nonzero().flatten()`` interleaved its row and
+    column ids: mask rows 3, 5, 8 gave seeds 3, 0, 5, 0, 8, 0, and the first batch of 4
+    held vertices 3, 0, 5, 10 (10's features and label as a seed's, 0 as one, neither in
+    the mask) without a word. Refused by name, for a node type's mask too."""
+    from torch_geometric.data import HeteroData
+    graph = gnnfuse.Graph(*torch.randint(0, 12, (2, 40), generator=torch.Generator().manual_seed(0)), 12)
+    mask = torch.zeros(12, 1, dtype=torch.bool)
+    mask[[3, 5, 8]] = True
+    with pytest.raises(ValueError, match=r"input_nodes mask must be 1-D .* got shape \[12, 1\]"):
+        NeighborLoader(graph, [2], input_nodes=mask, batch_size=4)
+    hetero = HeteroData()
+    hetero["a"].num_nodes = 12
+    hetero["a", "to", "a"].edge_index = graph.edge_index
+    with pytest.raises(ValueError, match=r"input_nodes mask must be 1-D .* node type 'a'"):
+        NeighborLoader(hetero, [2], input_nodes=("a", mask), batch_size=4)
+    seeds = [int(b.n_id[:b.batch_size].max()) for b in NeighborLoader(graph, [2], input_nodes=mask.view(-1),
+                                                                     batch_size=4, prefetch=0)]
+    assert seeds == [8]
+
+
 def test_whole_fanouts_come_as_any_integer_sequence_and_an_empty_seed_list_is_no_batch():
     graph = gnnfuse.Graph(torch.tensor([0, 1]), torch.tensor([1, 2]), 3)
     from torch_geometric.sampler.base import NumNeighbors      # PyG's loaders take one too

@@ -157,6 +157,11 @@ def _seed_ids(input_nodes: Any, num_nodes: int) -> tuple[torch.Tensor, torch.Ten
     if ids.dim() == 1 and ids.numel() == 0:       # an empty list is a float tensor: no seeds, not a bad type
         return ids.long(), ids.long()
     if ids.dtype == torch.bool:
+        # a [N, 1] mask has N entries, but its nonzero() rows are (row, column) pairs,
+        # which flattened had made seeds of every column id (0) and shifted the batches
+        if ids.dim() != 1:
+            raise ValueError(f"input_nodes mask must be 1-D (one entry per node), got shape {list(ids.shape)}: "
+                             f"give mask.view(-1)")
         if ids.numel() != num_nodes:
             raise ValueError(f"input_nodes mask has {ids.numel()} entries but the graph has {num_nodes} nodes")
         seeds = ids.nonzero().flatten()
