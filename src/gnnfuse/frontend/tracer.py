@@ -57,6 +57,9 @@ class Tracer:
         # every error raised at the user's code: one its own try/except caught would leave a
         # program of the other branch, silently unlike the eager run (`call` re-raises it)
         self._raised: list[CompileError] = []
+        # set by the vertex front end: a per-vertex value a dropout draws for inside a loop
+        # over v.innbs, spread onto the in-edges, as eager code draws it anew per neighbour
+        self.per_pass_rows: Callable[["SymTensor"], "SymTensor"] | None = None
         # (device type, dtype) of the torch.autocast in force for the tables' device, set at
         # the first input read: the casts autocast makes are traced as ops (`autocast`); that
         # device type, and every device's state at the trace's start, which an op's casts
@@ -901,6 +904,13 @@ def _dropout(tracer: Tracer, x, p=0.5, training=True, inplace=False):
     if not 0 <= p <= 1:
         raise tracer.error(f"dropout probability has to be between 0 and 1, but got {p}")
     lifted = tracer.lift(x)
+    if tracer.per_pass_rows is not None:
+        spread = tracer.per_pass_rows(lifted)
+        if spread is not lifted and inplace:
+            raise tracer.error("an in-place dropout of a per-vertex value inside the loop over v.innbs / "
+                               "v.inedges: eager code drops it again in every neighbour's pass; drop a copy "
+                               "(F.dropout(x, p) without inplace=True)")
+        lifted = spread
     if p == 1:      # torch's ``input * 0``: every element dropped (NaN where the input is infinite)
         result = tracer.apply("mul", lifted, 0.0)
     else:

@@ -484,6 +484,17 @@ def _from_neighbour(item) -> bool:
 _UNSET = object()
 
 
+def _per_pass_rows(tracer: Tracer, walks: _Walks, x: SymTensor) -> SymTensor:
+    """A per-vertex ``x`` a dropout draws for inside a loop over v.innbs / v.inedges, as a
+    value per in-edge (broadcast from each edge's destination), else ``x`` itself. Eager
+    code runs the loop's body once per neighbour, drawing a fresh mask each pass; the
+    mask drawn for the one per-vertex row was shared by every in-edge (``u.h * dp(v.h)``
+    summed over two in-edges of ones gave 0 or 4 per element, eager code 0, 2 or 4)."""
+    if not walks.passes or x.value.residency is not Residency.NODE:
+        return x
+    return SymTensor(tracer, tracer.program.add("broadcast", x.value, by="dst", source=tracer.source()), 0)
+
+
 def _random_draw(plain: types.FunctionType) -> CompileError:
     """The refusal of a vertex function that drew a random number while traced (torch's,
     Python's or NumPy's generators, also inside library code): eager code runs the function
@@ -557,6 +568,7 @@ class VertexFunction:
         feats["updated"] = {}   # vertex features set by v.update_allnode, by key
         feats["walks"] = walks = _Walks()
         tracer = Tracer(self.fn, "vertex")
+        tracer.per_pass_rows = functools.partial(_per_pass_rows, tracer, walks)
         plain, args, keywords = unwrap(self.fn)
         check_counting(plain, args, keywords)
         counting = _counting_builtins(tracer, walks)
