@@ -492,29 +492,44 @@ def test_dropout_in_a_vertex_function_draws_per_element(graph):
     assert (out == 0).any() and (out != 0).any()
 
 
-@pytest.mark.parametrize("inline", [True, False], ids=["in-the-loop", "named-before-the-loop"])
-def test_dropout_of_v_in_the_neighbour_loop_draws_per_in_edge(backend, device, inline):
-    """``u.h * dropout(v.h)`` in the loop over v.innbs: eager code runs the loop's body once
-    per neighbour, each pass drawing a fresh mask, so a vertex with two in-edges of ones
-    sums to 0, 2 or 4 per element; the one mask drawn for v's row was shared by both
-    in-edges (only 0 or 4). Named before the loop, one mask per vertex is eager's too."""
+_DROP = torch.nn.Dropout(0.5)
+
+
+def _drop_in_loop(v):
+    return sum([u.h * _DROP(v.h) for u in v.innbs])
+
+
+def _drop_by_position(v):
+    hs = [u.h for u in v.innbs]
+    return sum([hs[i] * _DROP(v.h) for i in range(len(v.innbs))])
+
+
+def _drop_over_zipped_lists(v):
+    hs, gs = [u.h for u in v.innbs], [u.h * 1 for u in v.innbs]
+    return sum([h * g * _DROP(v.h) for h, g in zip(hs, gs)])
+
+
+def _drop_before_loop(v):
+    d = _DROP(v.h)
+    return sum([u.h * d for u in v.innbs])
+
+
+@pytest.mark.parametrize("fn, per_edge", [(_drop_in_loop, True), (_drop_by_position, True),
+                                          (_drop_over_zipped_lists, True), (_drop_before_loop, False)],
+                         ids=["in-the-loop", "range-len", "zip-of-lists", "named-before-the-loop"])
+def test_dropout_of_v_in_the_neighbour_loop_draws_per_in_edge(backend, device, fn, per_edge):
+    """``u.h * dropout(v.h)`` in the loop over v.innbs (or by position over lists of the
+    neighbours): eager code runs the loop's body once per neighbour, each pass drawing a
+    fresh mask, so a vertex with two in-edges of ones sums to 0, 2 or 4 per element; the
+    one mask drawn for v's row was shared by both in-edges (only 0 or 4). Named before
+    the loop, one mask per vertex is eager's too."""
     g = gnnfuse.Graph(torch.tensor([0, 0, 1, 2]), torch.tensor([1, 2, 0, 0]), 3).to(device)
-    drop = torch.nn.Dropout(0.5)
-
-    @gnnfuse.vertex
-    def in_loop(v):
-        return sum([u.h * drop(v.h) for u in v.innbs])
-
-    @gnnfuse.vertex
-    def before_loop(v):
-        d = drop(v.h)
-        return sum([u.h * d for u in v.innbs])
     ones = torch.ones(3, 512, dtype=torch.float64, device=device, requires_grad=True)
-    out = (in_loop if inline else before_loop)(g, {"h": ones})
+    out = gnnfuse.vertex(fn)(g, {"h": ones})
     values = set(out[0].tolist())      # vertex 0: in-edges from 1 and 2
-    assert values == ({0.0, 2.0, 4.0} if inline else {0.0, 4.0})
+    assert values == ({0.0, 2.0, 4.0} if per_edge else {0.0, 4.0})
     out.sum().backward()       # the backward regenerates each in-edge's mask
-    if inline:   # d/dh_0: its two in-edges' masks (its sum) plus its out-edges' to 1 and 2
+    if fn is _drop_in_loop:    # d/dh_0: its in-edges' masks (its sum) plus its out-edges' to 1 and 2
         torch.testing.assert_close(ones.grad[0], out[0] + out[1] + out[2])
 
 

@@ -57,7 +57,7 @@ import functools
 import sys
 import threading
 import types
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 import torch
 
@@ -98,6 +98,9 @@ class _Walks:
 
     def __init__(self):
         self.ended = 0
+        # loops running now that line up neighbours by position (over ``zip`` of neighbour
+        # lists, or ``range(len(v.innbs))``): eager code runs their body once per neighbour too
+        self.aligned = 0
         self.passes: list[tuple[int, Any]] = []
         self.finished: list[tuple[int, int]] = []
 
@@ -384,17 +387,41 @@ def _length(tracer: Tracer, walks: _Walks):
     return length
 
 
-def _zip(tracer: Tracer):
+def _zip(tracer: Tracer, walks: _Walks):
     """``zip`` that lines up neighbour lists only with lists of the same neighbours: the
     traced list holds one neighbour, so zipped with positions or values (``range``, a list
-    of weights, ``itertools.count()``) it would pair every neighbour with the first."""
+    of weights, ``itertools.count()``) it would pair every neighbour with the first. A loop
+    over it is a pass per neighbour (`_aligned`)."""
     def zipped(*iterables, **kwargs):
-        if any(_neighbour_list(x) for x in iterables) and not all(_neighbour_list(x) for x in iterables):
-            raise tracer.error("zip() of v.innbs / v.inedges with something not built from the same neighbours "
-                               "(range, count, a list of values) pairs the one traced neighbour with its first "
-                               "item; zip lists of the same neighbours only (zip(v.innbs, v.inedges))")
+        if any(_neighbour_list(x) for x in iterables):
+            if not all(_neighbour_list(x) for x in iterables):
+                raise tracer.error("zip() of v.innbs / v.inedges with something not built from the same "
+                                   "neighbours (range, count, a list of values) pairs the one traced neighbour "
+                                   "with its first item; zip lists of the same neighbours only "
+                                   "(zip(v.innbs, v.inedges))")
+            return _aligned(walks, _BUILTINS["zip"](*iterables, **kwargs))
         return _BUILTINS["zip"](*iterables, **kwargs)
     return zipped
+
+
+def _positions(walks: _Walks) -> Callable:
+    """``range`` for the vertex function's own code: ``range(len(v.innbs))`` iterates its
+    one traced position as a pass per neighbour (`_aligned`); any other range is Python's."""
+    def ranged(*args):
+        if len(args) == 1 and isinstance(args[0], Degree):
+            return _aligned(walks, iter(range(args[0])))
+        return range(*args)
+    return ranged
+
+
+def _aligned(walks: _Walks, items: Iterator) -> Iterator:
+    """``items`` while counting a positional pass as running (``walks.aligned``): a dropout
+    of a per-vertex value in its body draws per in-edge, as in a loop over v.innbs."""
+    walks.aligned += 1
+    try:
+        yield from items
+    finally:
+        walks.aligned -= 1
 
 
 _BUILTINS = {name: getattr(builtins, name) for name in ("sum", "max", "min", "len", "zip")}
@@ -405,7 +432,7 @@ def _counting_builtins(tracer: Tracer, walks: _Walks) -> dict[str, Callable]:
     """``sum``, ``max``, ``min`` and ``len`` that aggregate or count a traced neighbour
     list, and ``zip`` that lines it up only with lists of the same neighbours."""
     return {name: _aggregate(tracer, _BUILTINS[name], name, walks) for name in ("sum", "max", "min")} | {
-        "len": _length(tracer, walks), "zip": _zip(tracer)}
+        "len": _length(tracer, walks), "zip": _zip(tracer, walks)}
 
 
 @contextlib.contextmanager
@@ -490,7 +517,7 @@ def _per_pass_rows(tracer: Tracer, walks: _Walks, x: SymTensor) -> SymTensor:
     code runs the loop's body once per neighbour, drawing a fresh mask each pass; the
     mask drawn for the one per-vertex row was shared by every in-edge (``u.h * dp(v.h)``
     summed over two in-edges of ones gave 0 or 4 per element, eager code 0, 2 or 4)."""
-    if not walks.passes or x.value.residency is not Residency.NODE:
+    if not (walks.passes or walks.aligned) or x.value.residency is not Residency.NODE:
         return x
     return SymTensor(tracer, tracer.program.add("broadcast", x.value, by="dst", source=tracer.source()), 0)
 
@@ -572,7 +599,7 @@ class VertexFunction:
         plain, args, keywords = unwrap(self.fn)
         check_counting(plain, args, keywords)
         counting = _counting_builtins(tracer, walks)
-        env = dict(plain.__globals__, **counting)
+        env = dict(plain.__globals__, **counting, range=_positions(walks))
         rebound = {name: env.get(name, _UNSET) for kind, name, _ in outside_writes(plain.__code__) if kind == "global"}
         fn = types.FunctionType(plain.__code__, env, plain.__name__, plain.__defaults__, plain.__closure__)
         fn.__kwdefaults__ = plain.__kwdefaults__
