@@ -483,6 +483,32 @@ def test_a_random_draw_in_a_vertex_function_is_refused(graph, draw):
             scaled(graph, {"h": torch.randn(4, 3, dtype=torch.float64)})
 
 
+@pytest.mark.parametrize("lazy", ["torch", "pyg"])
+def test_a_lazy_module_in_a_vertex_function_initialises_once_on_its_first_call(graph, lazy):
+    """A lazy module draws its parameters at its first call, once, as eager code does at
+    the first vertex; the trace saw the generator move and refused the function as
+    drawing a random number per vertex, leaving the module initialised so that the same
+    call then worked. Its weights are those eager code draws under the same seed."""
+    def make():
+        if lazy == "torch":
+            return torch.nn.LazyLinear(3, dtype=torch.float64)
+        from torch_geometric.nn import Linear
+        return Linear(-1, 3).double()
+    h = torch.randn(4, 5, dtype=torch.float64)
+    torch.manual_seed(0)
+    expected = make()
+    expected(h[0])
+    torch.manual_seed(0)
+    lin = make()
+
+    @gnnfuse.vertex
+    def projected(v):
+        return sum([lin(u.h) for u in v.innbs])
+    out = projected(graph, {"h": h})
+    torch.testing.assert_close(lin.weight, expected.weight)
+    torch.testing.assert_close(out, neighbour_sum(graph, h @ lin.weight.T + lin.bias))
+
+
 def test_dropout_in_a_vertex_function_draws_per_element(graph):
     """F.dropout on graph values draws its masks at run time, per element: no trace-time draw."""
     @gnnfuse.vertex

@@ -582,9 +582,13 @@ class VertexFunction:
     def trace(self, v_feature: Mapping[str, torch.Tensor],
               e_feature: Mapping[str, torch.Tensor] | None = None,
               etype_feature: Mapping[str, torch.Tensor] | None = None,
-              ntype_feature: Mapping[str, torch.Tensor] | None = None
+              ntype_feature: Mapping[str, torch.Tensor] | None = None, *, retry_draw: bool = True
               ) -> tuple[Tracer, dict[str, torch.Tensor]]:
-        """Trace the function into a program; returns the tracer and the captured tensors."""
+        """Trace the function into a program; returns the tracer and the captured tensors.
+        A trace that drew a random number is traced once more (``retry_draw``): a lazy
+        module (``nn.LazyLinear``, PyG's ``Linear(-1, ...)``) draws its parameters at its
+        first call only, once, as eager code does at the first vertex, and was refused as
+        a per-vertex draw; a function that draws on every call draws again and is refused."""
         for argument, table in (("v_feature", v_feature), ("e_feature", e_feature or {})):
             if "type" in table:     # ``v.type`` / ``e.type`` read the per-type tables instead
                 raise ValueError(f"{argument} has a feature named 'type', which a vertex function cannot read: "
@@ -608,6 +612,8 @@ class VertexFunction:
             result = tracer.call(lambda v: fn(*args, v, **keywords), _Vertex(tracer, "center", feats))
         _write_back_globals(plain, env, rebound)
         if random_states() != drawn:
+            if retry_draw:
+                return self.trace(v_feature, e_feature, etype_feature, ntype_feature, retry_draw=False)
             raise _random_draw(plain)
         outputs = result if isinstance(result, dict) else {"out": result}
         for key, out in outputs.items():
