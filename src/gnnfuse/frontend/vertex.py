@@ -511,7 +511,7 @@ def _from_neighbour(item) -> bool:
 _UNSET = object()
 
 
-def _per_pass_rows(tracer: Tracer, walks: _Walks, x: SymTensor) -> SymTensor:
+def _per_pass_rows(walks: _Walks, x: SymTensor) -> SymTensor:
     """A per-vertex ``x`` a dropout draws for inside a loop over v.innbs / v.inedges, as a
     value per in-edge (broadcast from each edge's destination), else ``x`` itself. Eager
     code runs the loop's body once per neighbour, drawing a fresh mask each pass; the
@@ -519,7 +519,7 @@ def _per_pass_rows(tracer: Tracer, walks: _Walks, x: SymTensor) -> SymTensor:
     summed over two in-edges of ones gave 0 or 4 per element, eager code 0, 2 or 4)."""
     if not (walks.passes or walks.aligned) or x.value.residency is not Residency.NODE:
         return x
-    return SymTensor(tracer, tracer.program.add("broadcast", x.value, by="dst", source=tracer.source()), 0)
+    return x.broadcast_dst()
 
 
 def _random_draw(plain: types.FunctionType) -> CompileError:
@@ -599,7 +599,7 @@ class VertexFunction:
         feats["updated"] = {}   # vertex features set by v.update_allnode, by key
         feats["walks"] = walks = _Walks()
         tracer = Tracer(self.fn, "vertex")
-        tracer.per_pass_rows = functools.partial(_per_pass_rows, tracer, walks)
+        tracer.per_pass_rows = functools.partial(_per_pass_rows, walks)
         plain, args, keywords = unwrap(self.fn)
         check_counting(plain, args, keywords)
         counting = _counting_builtins(tracer, walks)
