@@ -46,7 +46,7 @@ def as_eager(program: Program, a: Value, b: Value) -> tuple[Value, Value]:
 
 def _eager_dtype(number: Value, tensor: Value) -> torch.dtype:
     kind = "bool" if number.dtype == torch.bool else "float" if number.dtype.is_floating_point else "int"
-    return torch.result_type(_meta(tensor), _SAMPLE[kind])
+    return torch.result_type(stand_in(tensor), _SAMPLE[kind])
 
 
 def _differs(number: Value, tensor: Value) -> bool:
@@ -55,13 +55,15 @@ def _differs(number: Value, tensor: Value) -> bool:
     target = _eager_dtype(number, tensor)
     narrower = (number.dtype.is_floating_point and target.is_floating_point
                 and number.dtype.itemsize < target.itemsize)
-    return narrower or torch.result_type(_meta(tensor), _meta(number)) != target
+    return narrower or torch.result_type(stand_in(tensor), stand_in(number)) != target
 
 
-def _meta(value: Value) -> torch.Tensor:
-    """A stand-in with ``value``'s dtype and rank as torch sees it (a row axis unless SHARED)."""
-    rows = () if value.residency is Residency.SHARED else (1,)
-    return torch.empty(rows + value.shape, dtype=value.dtype, device="meta")
+def stand_in(value: Value, rows: bool = True) -> torch.Tensor:
+    """A stand-in with ``value``'s dtype and rank as torch sees it, for ``torch.result_type``:
+    with a row axis unless SHARED, or (``rows=False``) as eager code run for one vertex
+    holds it, without one."""
+    axis = (1,) if rows and value.residency is not Residency.SHARED else ()
+    return torch.empty(axis + tuple(value.shape), dtype=value.dtype, device="meta")
 
 
 def _rebuilt(program: Program, value: Value, dtype: torch.dtype) -> Value:

@@ -25,7 +25,7 @@ from ..user_warning import is_library  # an op refused inside PyG's code is repo
 from .autocast import applies, autocast_handler, autocast_state, live_states
 from .call_arguments import misused, positional
 from .module_hooks import registered_hooks
-from .numbers import as_eager, is_number
+from .numbers import as_eager, is_number, stand_in
 from .udf import unwrap
 
 EDGE_ROWED = (Residency.SRC, Residency.DST, Residency.EDGE)
@@ -477,10 +477,8 @@ def _scaled_by_alpha(tracer: Tracer, a: Any, b: Any, alpha: Any) -> Any:
     if is_number(a.value):
         common = b.dtype
     else:
-        def stand_in(x: SymTensor) -> torch.Tensor:
-            rows = () if x.value.residency is Residency.SHARED or tracer.mode == "vertex" else (1,)
-            return torch.empty(rows + tuple(x.value.shape), dtype=x.dtype, device="meta")
-        common = torch.result_type(stand_in(a), stand_in(b))
+        rows = tracer.mode != "vertex"
+        common = torch.result_type(stand_in(a.value, rows), stand_in(b.value, rows))
     if isinstance(alpha, float) and not (common.is_floating_point or common.is_complex):
         raise tracer.error(f"torch.add / torch.sub of {common} operands with a floating-point alpha={alpha}: "
                            "torch refuses it (for integral input tensors, alpha must not be a floating point "
@@ -507,15 +505,8 @@ def _per_vertex_promoted(tracer: Tracer, a: SymTensor, b: SymTensor) -> tuple[Sy
     ``h`` and float64 ``s`` came out float64 where eager code gives float32 (and ``u.s *
     S`` of float32 ``s`` and a captured 0-dim float64 ``S`` float32 where it gives
     float64). Casting both operands first is what torch does: it computes in that dtype."""
-    def per_row(x: SymTensor) -> torch.Tensor:
-        return torch.empty(x.value.shape, dtype=x.dtype, device="meta")
-
-    def with_rows(x: SymTensor) -> torch.Tensor:
-        rows = () if x.value.residency is Residency.SHARED else (1,)
-        return torch.empty(rows + tuple(x.value.shape), dtype=x.dtype, device="meta")
-
-    eager = torch.result_type(per_row(a), per_row(b))
-    if eager == torch.result_type(with_rows(a), with_rows(b)):
+    eager = torch.result_type(stand_in(a.value, rows=False), stand_in(b.value, rows=False))
+    if eager == torch.result_type(stand_in(a.value), stand_in(b.value)):
         return a, b
     return _cast(tracer, a, eager), _cast(tracer, b, eager)
 
