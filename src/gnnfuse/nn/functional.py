@@ -19,11 +19,11 @@ classifiers with many classes on many rows.
 from __future__ import annotations
 
 import torch
-import torch.autograd.forward_ad as fwAD
 import torch.nn.functional as F
 
 from .cross_entropy import cross_entropy
 from .linear_cross_entropy import linear_cross_entropy
+from .transformed import transformed
 
 __all__ = ["cross_entropy", "dropout", "linear_cross_entropy"]
 
@@ -98,10 +98,9 @@ def dropout(input: torch.Tensor, p: float = 0.5, training: bool = True, inplace:
     if torch.compiler.is_compiling() or torch._C._get_tracing_state() is not None:
         return F.dropout(input, p, training, inplace)
     # `_CounterDropout` has no jvp and no setup_context: a dual tensor (forward-mode AD,
-    # `jacobian(strategy="forward-mode")`) or a torch.func transform's tensor (grad, jvp,
-    # vmap) stopped in torch's message about them, naming neither gnnfuse nor dropout.
-    # torch's dropout carries them (and vmap's `randomness` rule).
-    if torch._C._functorch.is_functorch_wrapped_tensor(input) or _is_dual(input):
+    # `jacobian(strategy="forward-mode")`) or a torch.func transform's tensor takes torch's
+    # dropout, which carries them (and vmap's `randomness` rule)
+    if transformed(input):
         return F.dropout(input, p, training, inplace)
     p = float(p)      # a 0-dim tensor or NumPy number, as torch's dropout takes: the kernels take a number
     if input.is_cuda and p < 1.0 and _device_counter_applies(input):
@@ -119,11 +118,6 @@ def dropout(input: torch.Tensor, p: float = 0.5, training: bool = True, inplace:
     # values per binade, and p is rounded to bfloat16: p = 0.999 dropped every element)
     keep = torch.rand_like(input, dtype=torch.float32 if input.dtype in _HALF_DTYPES else None) >= p
     return input.mul_(keep).mul_(1.0 / (1.0 - p)) if inplace else input * keep * (1.0 / (1.0 - p))
-
-
-def _is_dual(input: torch.Tensor) -> bool:
-    """Whether ``input`` carries a forward-mode AD tangent (only inside a dual level)."""
-    return fwAD._current_level >= 0 and fwAD.unpack_dual(input).tangent is not None
 
 
 def _sparse_in_place(input: torch.Tensor, p: float) -> torch.Tensor:

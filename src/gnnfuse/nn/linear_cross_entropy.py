@@ -18,9 +18,10 @@ this can be captured in a CUDA graph.
 from __future__ import annotations
 
 import torch
-import torch.autograd.forward_ad as fwAD
 import torch.nn.functional as F
 from torch.overrides import handle_torch_function, has_torch_function_variadic
+
+from .transformed import transformed
 
 # Each chunk's logits take at most this many elements (64 MiB in float32).
 CHUNK_ELEMENTS = 1 << 24
@@ -57,7 +58,7 @@ def linear_cross_entropy(input: torch.Tensor, weight: torch.Tensor, bias: torch.
         # under no_grad and then trained would never make the input's and weight's gradients.
         # torch's ops are traced as ops, and give the same loss
         return F.cross_entropy(F.linear(input, weight, bias), target, reduction=reduction, ignore_index=ignore_index)
-    if _transformed(input, weight, bias):
+    if transformed(input, weight, bias):
         # `_LinearCrossEntropy` has no jvp and no setup_context: torch's "You must implement
         # the jvp function" or "must override the setup_context staticmethod" named neither
         # gnnfuse nor the loss. torch's ops carry the tangents and transforms
@@ -88,15 +89,6 @@ def _check(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                         f"got {target.dtype}; class probabilities are not supported")
     if chunk_rows is not None and chunk_rows < 1:
         raise ValueError(f"linear_cross_entropy: chunk_rows must be at least 1, got {chunk_rows}")
-
-
-def _transformed(*tensors: torch.Tensor | None) -> bool:
-    """Whether a tensor is a ``torch.func`` transform's (grad, jvp, vmap) or carries a
-    forward-mode AD tangent (asked only inside a ``forward_ad.dual_level``)."""
-    present = [t for t in tensors if t is not None]
-    if any(torch._C._functorch.is_functorch_wrapped_tensor(t) for t in present):
-        return True
-    return fwAD._current_level >= 0 and any(fwAD.unpack_dual(t).tangent is not None for t in present)
 
 
 def _check_classes(target: torch.Tensor, classes: int, ignore_index: int) -> None:
