@@ -35,6 +35,7 @@ from typing import Any, Sequence
 
 import torch
 
+from ..derived_class import derived_class
 from .padded_graph_batch import ROOM
 
 # The attributes PyG infers a graph's vertex count from, first found in the graph's
@@ -264,23 +265,11 @@ def _reduce(view: Any) -> tuple:
     return _rebuild, (plain,)
 
 
-# The attribute of a data set class (in its own ``__dict__``) holding its selecting class.
-# Not a cache keyed by the class: the selecting class subclasses it, so such a cache held
-# both for good -- a data set class defined in a function (a sweep's, a test's) stayed
-# alive with what its methods close over, where PyG's loader lets it go. Held by the
-# class, the two are one reference cycle, freed together.
-_SELECTING_ATTRIBUTE = "_gnnfuse_selecting_class"
-
-
 def _selecting_class(cls: type) -> type:
     """``cls`` with a ``__getitems__`` (`_select`): what torch's loader calls once per
     batch, where it would otherwise index the data set once per graph."""
-    made = cls.__dict__.get(_SELECTING_ATTRIBUTE)
-    if made is None:
-        made = type(cls.__name__, (cls,),
-                    {"__getitems__": _select, "__reduce__": _reduce, "__module__": cls.__module__})
-        setattr(cls, _SELECTING_ATTRIBUTE, made)
-    return made
+    return derived_class(cls, "_gnnfuse_selecting_class", lambda: type(
+        cls.__name__, (cls,), {"__getitems__": _select, "__reduce__": _reduce, "__module__": cls.__module__}))
 
 
 def selecting_view(dataset: Any) -> Any | None:

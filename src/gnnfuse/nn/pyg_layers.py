@@ -22,6 +22,8 @@ import importlib
 import inspect
 from typing import TYPE_CHECKING, Any, Callable
 
+from ..derived_class import derived_class
+
 if TYPE_CHECKING:
     from .message_passing import MessagePassing
 
@@ -69,14 +71,6 @@ NOT_EXPORTED = {
 }
 
 
-# The attribute of a source class (in its own ``__dict__``, not inherited) holding its
-# compiled class. Not a cache keyed by the class: the compiled class subclasses it, so
-# such a cache holds both for good -- a sweep defining its layer class in a loop kept
-# every class and what its methods close over. Held by the source class, the two are one
-# reference cycle, freed together.
-_COMPILED_ATTRIBUTE = "_gnnfuse_compiled_class"
-
-
 def compiled_class(pyg_class: type) -> type:
     """``pyg_class`` (a subclass of PyG's ``MessagePassing``) with gnnfuse's compiling
     ``propagate``; one class per ``pyg_class``, kept while ``pyg_class`` is. Its layers
@@ -93,10 +87,14 @@ def compiled_class(pyg_class: type) -> type:
                         + advice)
     if issubclass(pyg_class, MessagePassing):
         return pyg_class
-    made = pyg_class.__dict__.get(_COMPILED_ATTRIBUTE)
-    if made is not None:
-        return made
-    _refuse_own_propagate(pyg_class, PyGMessagePassing)
+    return derived_class(pyg_class, "_gnnfuse_compiled_class",
+                         lambda: _compiling_subclass(pyg_class, MessagePassing, PyGMessagePassing))
+
+
+def _compiling_subclass(pyg_class: type, compiling: type, pyg_base: type) -> type:
+    """`compiled_class`'s class for ``pyg_class``: ``compiling`` (gnnfuse's
+    ``MessagePassing``) before it, which PyG's ``MessagePassing`` (``pyg_base``) is a base of."""
+    _refuse_own_propagate(pyg_class, pyg_base)
     namespace: dict[str, Any] = {**_pickled_name(pyg_class), "__doc__": pyg_class.__doc__,
                                  "_gnnfuse_source_class": pyg_class}
     forward = pyg_class.forward
@@ -106,9 +104,7 @@ def compiled_class(pyg_class: type) -> type:
     namespace.update(forward=_graphs_as_edge_index(forward))
     if isinstance(inspect.getattr_static(pyg_class, "get_degree_histogram", None), staticmethod):
         namespace.update(get_degree_histogram=_unpadded_histogram(pyg_class.get_degree_histogram))
-    made = type(pyg_class.__name__, (MessagePassing, pyg_class), namespace)
-    setattr(pyg_class, _COMPILED_ATTRIBUTE, made)
-    return made
+    return type(pyg_class.__name__, (compiling, pyg_class), namespace)
 
 
 def _unpadded_histogram(histogram: Callable[[Any], Any]) -> staticmethod:
