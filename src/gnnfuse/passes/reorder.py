@@ -121,9 +121,7 @@ def mask_unread_rows_of_gathered_products(program: Program) -> None:
                 if (rows is None or gather.id in masked or rows.residency is not Residency.NODE
                         or not rows.dtype.is_floating_point):
                     continue
-                read = program.add("degree", source=v.source, by=gather.attrs["by"], dtype=rows.dtype)
-                zero = program.add("const", source=v.source, value=0.0, dtype=rows.dtype)
-                gather.inputs = (program.add("select", read, rows, zero, source=v.source),)
+                gather.inputs = (read_rows_only(program, rows, gather.attrs["by"], v.source, fill=0.0),)
                 masked.add(gather.id)
     if masked:          # once: the masks are new values, added after the gathers reading them
         program.toposort()
@@ -154,13 +152,13 @@ def unbounded_derivative(op: str) -> bool:
     return opdef.derivative is not None and not opdef.bounded_derivative
 
 
-def read_rows_only(program: Program, x, by: str, source: str | None):
-    """``x`` with the rows the broadcast by ``by`` never reads set to 1 (see the module
-    docstring): ``select(degree, x, 1)``; ``by="dst"`` reads the rows of vertices with
-    in-edges, those a message/reduce ``reduce_fn`` runs on."""
+def read_rows_only(program: Program, x, by: str, source: str | None, fill: float = 1.0):
+    """``x`` with the rows the broadcast by ``by`` never reads set to ``fill`` (1: see the
+    module docstring): ``select(degree, x, fill)``; ``by="dst"`` reads the rows of vertices
+    with in-edges, those a message/reduce ``reduce_fn`` runs on."""
     read = program.add("degree", source=source, by=by, dtype=x.dtype)
-    one = program.add("const", source=source, value=1.0, dtype=x.dtype)
-    return program.add("select", read, x, one, source=source)
+    filler = program.add("const", source=source, value=fill, dtype=x.dtype)
+    return program.add("select", read, x, filler, source=source)
 
 
 _ENDPOINT_TYPE = {"srctype": "src", "dsttype": "dst"}
