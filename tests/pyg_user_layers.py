@@ -161,3 +161,18 @@ def make_layers(Base: type) -> dict[str, tuple[type, bool]]:
             "edge_conv_like": (EdgeConvLike, True), "mean_sage": (MeanSAGE, True),
             "min_reverse": (MinReverse, True), "softmax_learnt": (SoftmaxAggregated, True),
             "softmax_semi_grad": (SoftmaxAggregated, True), "untraceable": (Untraceable, False)}
+
+
+def scaled_in_a_function(Base: type) -> tuple[type, torch.Tensor]:
+    """A layer class made anew by each call, as a sweep defining its layer in a loop makes
+    one, whose ``message`` closes over a [1000, 100] tensor: the tests freeing such classes
+    check that the class and the tensor both go with the last reference."""
+    scale = torch.randn(1000, 100)
+
+    class Scaled(Base):
+        def forward(self, x, edge_index):
+            return self.propagate(edge_index, x=x)
+
+        def message(self, x_j):
+            return x_j * scale[0, 0]
+    return Scaled, scale

@@ -19,6 +19,7 @@ from gnnfuse.graph.index_cache import clear_index_cache
 from gnnfuse.nn import message_passing, pyg_layers
 from gnnfuse.runtime import record_calls
 from oracle_check import device_for
+from pyg_user_layers import scaled_in_a_function
 
 # 9 vertices (8 isolated: no in-edges), a self loop (3 -> 3), a repeated edge (1 -> 2 twice)
 EDGES = torch.tensor([[0, 1, 2, 3, 4, 5, 1, 2, 2, 3, 0, 5, 1, 6, 7, 4],
@@ -368,21 +369,10 @@ def test_compiled_class_of_a_class_made_in_a_loop_is_freed_with_it():
     import gc
     import weakref
 
-    def make():
-        scale = torch.randn(1000, 100)
-
-        class Scaled(pyg_nn.MessagePassing):
-            def forward(self, x, edge_index):
-                return self.propagate(edge_index, x=x)
-
-            def message(self, x_j):
-                return x_j * scale[0, 0]
-        return Scaled, scale
-
     refs = []
     edge_index = torch.tensor([[0, 1, 2], [1, 2, 0]])
     for _ in range(20):
-        cls, scale = make()
+        cls, scale = scaled_in_a_function(pyg_nn.MessagePassing)
         compiled = gnnfuse.nn.compiled_class(cls)
         assert gnnfuse.nn.compiled_class(cls) is compiled
         compiled()(torch.randn(3, 4), edge_index)

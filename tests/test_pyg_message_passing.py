@@ -18,7 +18,7 @@ from gnnfuse.frontend import pyg_message_passing
 from gnnfuse.frontend.trace_cache import TraceCache
 from gnnfuse.runtime import record_calls
 from oracle_check import device_for
-from pyg_user_layers import make_layers
+from pyg_user_layers import make_layers, scaled_in_a_function
 
 OURS, THEIRS = make_layers(gnnfuse.nn.MessagePassing), make_layers(pyg_nn.MessagePassing)
 # 7 vertices (6 isolated), 13 edges with a self loop (3 -> 3) and a multi-edge (1 -> 2
@@ -190,23 +190,12 @@ def test_a_fallback_class_made_in_a_loop_is_freed_with_its_closure():
     import gc
     import weakref
 
-    def make():
-        scale = torch.randn(1000, 100)
-
-        class Scaled(gnnfuse.nn.MessagePassing):
-            def forward(self, x, edge_index):
-                return self.propagate(edge_index, x=x)
-
-            def message(self, x_j):
-                return x_j * scale[0, 0]
-        return Scaled, scale
-
     refs = []
     edge_index = torch.tensor([[0, 1, 2], [1, 2, 0]])
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for _ in range(20):
-            cls, scale = make()
+            cls, scale = scaled_in_a_function(gnnfuse.nn.MessagePassing)
             layer = cls()
             layer.register_propagate_forward_hook(lambda module, inputs, out: None)
             layer(torch.randn(3, 4), edge_index)
