@@ -107,7 +107,14 @@ def mask_unread_rows_of_gathered_products(program: Program) -> None:
     ``u.weight`` without self loops). The gather itself reads the same values, and ``x``'s
     gradient is an exact zero on the other rows, as in PyG. Only the PyG front end runs
     it: the vertex and message/reduce front ends document that leak and keep their moved
-    products unmasked, at no cost."""
+    products unmasked, at no cost.
+
+    The mask is ``zero_unread_rows``, not an elementwise select: its input feeds a product
+    (a GEMM, no fused kernel), so a select wrote a masked copy of the input per call and
+    side, which the product saved for its gradient -- on the reddit2-sized graph (233K x
+    602) FeaStConv's two sides cost 1.1 GB of peak and 6 % of its time on an H100
+    (benchmarks/results/ab_2026-12-05_h100). ``zero_unread_rows`` zeroes the unread rows
+    by index, and is the input itself on a graph that reads every row (self loops)."""
     masked: set[int] = set()
     for v in list(program.values):
         if v.op not in ("matmul", "mul") or len(v.inputs) != 2:
@@ -121,7 +128,7 @@ def mask_unread_rows_of_gathered_products(program: Program) -> None:
                 if (rows is None or gather.id in masked or rows.residency is not Residency.NODE
                         or not rows.dtype.is_floating_point):
                     continue
-                gather.inputs = (read_rows_only(program, rows, gather.attrs["by"], v.source, fill=0.0),)
+                gather.inputs = (program.add("zero_unread_rows", rows, source=v.source, by=gather.attrs["by"]),)
                 masked.add(gather.id)
     if masked:          # once: the masks are new values, added after the gathers reading them
         program.toposort()
@@ -152,12 +159,13 @@ def unbounded_derivative(op: str) -> bool:
     return opdef.derivative is not None and not opdef.bounded_derivative
 
 
-def read_rows_only(program: Program, x, by: str, source: str | None, fill: float = 1.0):
-    """``x`` with the rows the broadcast by ``by`` never reads set to ``fill`` (1: see the
-    module docstring): ``select(degree, x, fill)``; ``by="dst"`` reads the rows of vertices
-    with in-edges, those a message/reduce ``reduce_fn`` runs on."""
+def read_rows_only(program: Program, x, by: str, source: str | None):
+    """``x`` with the rows the broadcast by ``by`` never reads set to 1 (see the module
+    docstring): ``select(degree, x, 1)``, elementwise, so it fuses into the kernel of the
+    op it guards; ``by="dst"`` reads the rows of vertices with in-edges, those a
+    message/reduce ``reduce_fn`` runs on."""
     read = program.add("degree", source=source, by=by, dtype=x.dtype)
-    filler = program.add("const", source=source, value=fill, dtype=x.dtype)
+    filler = program.add("const", source=source, value=1.0, dtype=x.dtype)
     return program.add("select", read, x, filler, source=source)
 
 

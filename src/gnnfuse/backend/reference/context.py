@@ -145,6 +145,18 @@ class GraphContext:
         return self.graph.cached("out_degree_order", lambda g: torch.sort(
             g.out_degrees(), descending=True, stable=True).indices)
 
+    def zero_unread_rows(self, x: torch.Tensor, by: str) -> torch.Tensor:
+        """``x`` with the rows the broadcast by ``by`` never reads (vertices without
+        out-edges for ``src``, without in-edges for ``dst``) zeroed; ``x`` itself when it
+        reads every row. The ids come back from the device once per graph and side (one
+        read-back), so a graph that reads every row -- one with self loops -- costs no
+        pass at all, where a mask over every row wrote a copy of ``x`` per call."""
+        def unread(g: Graph) -> torch.Tensor | None:
+            ids = (self.degree(by) == 0).nonzero().squeeze(1)
+            return ids if ids.numel() else None
+        ids = self.graph.cached(f"unread_rows_by_{by}", unread)
+        return x if ids is None else x.index_fill(0, ids, 0.0)
+
     def degree(self, by: str) -> torch.Tensor:
         """How many entries of index ``by`` point at each row (in/out-degree, edges or
         vertices per type)."""

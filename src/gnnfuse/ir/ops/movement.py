@@ -256,3 +256,16 @@ register(OpDef("degree", Movement.REDUCE, lambda ctx, by, dtype: ctx.degree(by).
                doc="how many index entries each row owns: in-degree (by='dst'), out-degree "
                    "(by='src'), edges per type (etype/srctype/dsttype), vertices per type (ntype)",
                    autograd_reference=True))
+
+
+def _zero_unread_residency(rs, attrs):
+    if attrs["by"] not in ("src", "dst") or rs[0] is not Residency.NODE:
+        raise ValueError(f"zero_unread_rows takes NODE data by 'src' or 'dst', got {rs[0].name} by {attrs['by']!r}")
+    return rs[0]
+
+
+register(OpDef("zero_unread_rows", Movement.DENSE, lambda ctx, x, by: ctx.zero_unread_rows(x, by),
+               residency=_zero_unread_residency, shape=_same_shape, arity=1, bounded_derivative=True,
+               derivative=lambda b, v, g: [b.add("zero_unread_rows", g, by=v.attrs["by"])],
+               doc="x with the rows a broadcast by `by` never reads zeroed (by index, the ids "
+                   "cached per graph); x itself when it reads every row"))
