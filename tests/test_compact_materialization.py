@@ -131,6 +131,27 @@ def test_relation_from_edge_data_out_of_range_is_an_index_error():
         graphiler_message(graph, graph.edge_type + 2, **inputs(graph, "cpu"))   # ids 2 and 3
 
 
+@pytest.mark.parametrize("backend", ["reference", "cpu"], indirect=True)     # numpy: host tensors
+@pytest.mark.parametrize("write", ["numpy", "data"])
+def test_a_relation_table_refilled_behind_torchs_version_counter_is_read_anew(backend, write):
+    """A CPU relation tensor refilled where its version counter does not move -- through
+    numpy (a ``torch.from_numpy`` buffer a loader refills) or ``.data`` -- is data the
+    next call must read: its (vertex, relation) pairs were remembered by that counter, so
+    the call ran on the pairs of the old contents, silently (outputs 51.7 off the oracle)."""
+    graph = typed_graph()
+    relation = torch.from_numpy(graph.edge_type.numpy().copy())
+    values = inputs(graph, "cpu")
+    graphiler_message(graph, relation, **values)
+    refill = torch.roll(graph.edge_type, 1)
+    if write == "numpy":
+        relation.numpy()[:] = refill.numpy()
+    else:
+        relation.data.copy_(refill)
+    refilled = gnnfuse.Graph(graph.src, graph.dst, 6, edge_type=refill, num_edge_types=RELATIONS)
+    assert_matches_oracle(lambda **kw: graphiler_message(graph, relation, **kw),
+                          lambda **kw: oracle(refilled, **kw), values)
+
+
 @pytest.mark.parametrize("backend_name", ["reference", "triton"])
 def test_the_input_and_weight_gradients_sum_the_edge_rows_per_pair_once(backend_name, monkeypatch):
     """Both gradients of a compact matmul start from the per-edge gradient summed per
