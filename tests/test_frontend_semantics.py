@@ -1687,6 +1687,36 @@ def test_in_place_writes_through_views_are_refused_and_pow_writes_every_name():
     check_against(out, lambda x: torch.zeros_like(x).index_add(0, g.dst, x[g.src] ** 2), h)
 
 
+def _score_and_its_views(edges):
+    s = edges.src["h"] * edges.dst["h"]
+    return {"a": s, "b": s.reshape(-1, 2, s.shape[-1] // 2), "c": s[:, 1:3]}
+
+
+@pytest.mark.parametrize("backend", ["reference", "cpu", "triton"])
+def test_outputs_that_view_another_output_share_its_memory_on_every_backend(backend, monkeypatch):
+    """In eager code ``b`` and ``c`` are views of ``a``: an in-place edit of ``a`` shows in
+    them. The reference backend returned views, but the fused backends wrote each output
+    into its own buffer, so after ``out["a"].mul_(2)`` the cpu and Triton ``b`` and ``c``
+    kept the old values (2.6 off), silently -- also on the prepared calls from the third
+    on. With gradients the views refuse to be read after the edit, as on the reference
+    backend (autograd's rule for views a custom Function returns)."""
+    monkeypatch.setenv("GNNFUSE_BACKEND", backend)
+    device = device_for(backend)
+    g, h = graph(device), features(device, width=6).detach()
+    with torch.no_grad():
+        for _ in range(4):       # the third and later calls take a prepared call where one is kept
+            out = gnnfuse.apply_edges(g, _score_and_its_views, ndata={"h": h})
+            out["a"].mul_(2.0)
+            eager = _score_and_its_views(types.SimpleNamespace(src={"h": h[g.src]}, dst={"h": h[g.dst]}))
+            eager["a"].mul_(2.0)
+            for key in "abc":
+                torch.testing.assert_close(out[key], eager[key], rtol=0, atol=0)
+    out = gnnfuse.apply_edges(g, _score_and_its_views, ndata={"h": h.clone().requires_grad_()})
+    out["a"].mul_(2.0)
+    with pytest.raises(RuntimeError, match="_ProgramFunction is a view"):
+        out["b"] + 0.0
+
+
 def _source_bumped_then_read(edges):
     x = edges.src["h"]
     x += 1.0

@@ -31,6 +31,7 @@ from ..environ import flag, getenv
 from .autocast import AUTOCAST_DEVICE_TYPES
 from .first_pass import Waiting, checkpointed, end_after_backward, end_on_backward, first_pass_executor
 from .interpreter import interpreter_lacks_bfloat16
+from .output_views import rebuild_views, views_of_outputs
 from .pair_graph import pair_graph, pair_matmul, pair_rows, reads_edge_types
 from .prepared_call import PreparedCall, preparer
 from .settings_check import check_settings
@@ -72,6 +73,7 @@ class CompiledProgram:
         self.prepared: PreparedCall | None = None
         self._last_inference: tuple | None = None
         self._may_alias = _may_alias_inputs(self.program)
+        self._output_views = views_of_outputs(self.program)
 
     def backward_for(self, wrt: tuple[str, ...]) -> BackwardProgram:
         """The backward program giving the gradients of the inputs ``wrt``. Its ``wrt`` is
@@ -181,8 +183,9 @@ class CompiledProgram:
         """After a full-path inference call: keep a `PreparedCall` when the one before was
         on the same graph with inputs of the same metadata (so a mini-batch loop, a new
         graph per call, never pays to prepare one), where the backend has a prepared run.
-        Never for a program whose outputs may share an input's memory (`_own_storage`)."""
-        if self._may_alias:
+        Never for a program whose outputs may share an input's memory (`_own_storage`) or
+        view one another (`rebuild_views`)."""
+        if self._may_alias or self._output_views:
             return
         seen = (weakref.ref(graph), tuple([(t.shape, t.dtype, t.device) for t in tensors]))
         last, self._last_inference = self._last_inference, seen
@@ -546,9 +549,12 @@ def _run_forward(compiled: CompiledProgram, graph_ctx: GraphContext, keys: tuple
             outputs, kept = execute(compiled.program, graph_ctx, dict(zip(keys, tensors)), keep)
     else:
         outputs, kept = execute(compiled.program, graph_ctx, dict(zip(keys, tensors)), keep)
+    outs = tuple(outputs.values())
+    if compiled._output_views:
+        outs = rebuild_views(outs, compiled._output_views, graph_ctx)
     if compiled._may_alias:     # the graph's memoised layouts count as inputs: a degree output may be one
-        return _own_storage(tuple(outputs.values()), [*tensors, *graph_ctx.graph.cached_tensors()]), kept, execute
-    return tuple(outputs.values()), kept, execute
+        return _own_storage(outs, [*tensors, *graph_ctx.graph.cached_tensors()]), kept, execute
+    return outs, kept, execute
 
 
 def _may_alias_inputs(program: Program) -> bool:
