@@ -301,6 +301,29 @@ def test_pyg_features_fall_back_to_pyg_semantics():
     torch.testing.assert_close(out, theirs.propagate(edge_index, x=(x_src, x_dst)))
 
 
+def test_complex_features_fall_back_to_pyg_with_its_gradients():
+    """A complex ``x`` was traced, and its gradients lacked the conjugates torch's complex
+    autograd takes (5.6 off PyG's for ``x_i * x_j``); now the trace refuses it, so PyG's
+    propagate runs it."""
+    class Product(gnnfuse.nn.MessagePassing):
+        def forward(self, x, edge_index):
+            return self.propagate(edge_index, x=x)
+
+        def message(self, x_i, x_j):
+            return x_i * x_j
+
+    x = torch.randn(NUM_NODES, 3, dtype=torch.complex128)
+    ours, theirs = x.clone().requires_grad_(), x.clone().requires_grad_()
+    with pytest.warns(UserWarning, match="complex values are not compiled"):
+        out = Product()(ours, EDGES)
+    src, dst = EDGES
+    expected = torch.zeros_like(x).index_add(0, dst, theirs[src] * theirs[dst])
+    torch.testing.assert_close(out, expected)
+    out.abs().sum().backward()
+    expected.abs().sum().backward()
+    torch.testing.assert_close(ours.grad, theirs.grad)
+
+
 def test_is_a_pyg_message_passing_module():
     layer = OURS["gin_like"][0](3, 5)
     assert isinstance(layer, pyg_nn.MessagePassing)

@@ -301,6 +301,19 @@ def test_untraceable_functions_raise_compile_errors_naming_their_line():
         gsddmm(g, returns_a_number, src=x)
 
 
+def test_complex_operands_and_captured_tensors_are_refused_by_name():
+    """The derivative rules are written for real values: a complex operand's output was
+    right but its gradients lacked torch's conjugates (5.6 off for ``a * b``), silently."""
+    g = gnnfuse.Graph(SRC, DST, N)
+    z = torch.randn(N, F, dtype=torch.complex128, requires_grad=True)
+    with pytest.raises(gnnfuse.CompileError, match=r"(?s)input 'src' \(\[6, 3\]\) is torch.complex128.*"
+                                                   r"test_templates.py:\d+"):
+        gspmm(g, lambda xs, xd: xs * xd, "sum", src=z, dst=z)
+    scale = torch.ones(F, dtype=torch.complex64)
+    with pytest.raises(gnnfuse.CompileError, match=r"a captured \[3\] tensor is torch.complex64"):
+        gsddmm(g, lambda xs: xs * scale, src=torch.randn(N, F))
+
+
 def test_an_in_place_op_on_the_edge_operand_is_refused_and_on_gathered_rows_is_not():
     """The edge operand is the caller's tensor in eager code (``fn(x[src], w)``), so
     ``w *= 2`` there doubles the caller's ``w``; the compiled call left it as it was,

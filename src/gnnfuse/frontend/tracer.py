@@ -165,6 +165,14 @@ class Tracer:
     def input(self, key: str, residency: Residency, tensor: torch.Tensor, prefix: int) -> "SymTensor":
         if key in self.program.inputs:
             return SymTensor(self, self.program.inputs[key], prefix)
+        if tensor.dtype.is_complex:
+            # The derivative rules are written for real values: a complex input's forward
+            # was right, but its gradients lacked the conjugates torch's complex autograd
+            # takes (gspmm of a * b: 5.6 off torch's, with no error)
+            what = (f"a captured {list(tensor.shape)} tensor" if residency is Residency.SHARED
+                    else f"input {key!r} ({list(tensor.shape)})")
+            raise self.error(f"{what} is {tensor.dtype}: complex values are not compiled (gnnfuse's derivative "
+                             "rules are for real values); pass the real and imaginary parts as two real tensors")
         if not self.program.inputs:
             self.autocast, self.autocast_device = autocast_state(tensor.device.type), tensor.device.type
         rows = 0 if residency is Residency.SHARED else 1
