@@ -4,12 +4,16 @@ imported and registered once (backend/kernel_cache.py)."""
 from __future__ import annotations
 
 import builtins
+import pickle
 import threading
 
 import torch
+import torch_geometric.nn
 
 import gnnfuse
+import gnnfuse.nn
 from gnnfuse.backend import kernel_cache
+from gnnfuse.nn import pyg_layers
 
 
 def test_another_threads_zip_is_the_builtin_while_a_vertex_function_traces():
@@ -64,3 +68,37 @@ def test_threads_loading_kernels_at_once_each_get_them(tmp_path, monkeypatch):
         thread.join()
     assert not errors and results == [[1 + i for i in range(6)]] * 8
     assert not list(tmp_path.rglob("*.tmp"))
+
+
+class _ServedConv(torch_geometric.nn.MessagePassing):
+    """A user's layer, compiled by `test_threads_compiling_one_class_at_once_share_its_compiled_class`."""
+
+    def forward(self, x, edge_index):
+        return self.propagate(edge_index, x=x)
+
+
+def test_threads_compiling_one_class_at_once_share_its_compiled_class(monkeypatch):
+    """Two threads that first compiled a class at once each built a class of their own: the
+    layers of the one that lost the race were not ``isinstance`` of ``compiled_class(cls)``,
+    and pickling them failed ("it's not the same object as ...compiled:...")."""
+    build, both_building = pyg_layers._compiling_subclass, threading.Barrier(2)
+
+    def slow_build(*args):
+        try:
+            both_building.wait(timeout=1)       # where nothing stops the second, both build
+        except threading.BrokenBarrierError:
+            pass
+        return build(*args)
+    monkeypatch.setattr(pyg_layers, "_compiling_subclass", slow_build)
+    monkeypatch.delattr(_ServedConv, "_gnnfuse_compiled_class", raising=False)
+    layers = []
+    threads = [threading.Thread(target=lambda: layers.append(gnnfuse.nn.compiled_class(_ServedConv)()))
+               for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    compiled = gnnfuse.nn.compiled_class(_ServedConv)
+    assert [type(layer) for layer in layers] == [compiled, compiled]
+    for layer in layers:
+        assert type(pickle.loads(pickle.dumps(layer))) is compiled
