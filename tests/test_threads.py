@@ -102,3 +102,31 @@ def test_threads_compiling_one_class_at_once_share_its_compiled_class(monkeypatc
     assert [type(layer) for layer in layers] == [compiled, compiled]
     for layer in layers:
         assert type(pickle.loads(pickle.dumps(layer))) is compiled
+
+
+def test_threads_first_asking_for_a_pyg_model_class_at_once_share_it(monkeypatch):
+    """``gnnfuse.nn.GCN`` was built under ``functools.cache``, which let every thread
+    asking at once build a class of its own (eight threads: eight classes), and a model of
+    any but the one kept failed to pickle ("it's not the same object as gnnfuse.nn.GCN")."""
+    from torch_geometric.nn.models import basic_gnn
+
+    from gnnfuse.nn import pyg_models
+    build_inference, both_building = pyg_models.inference_method, threading.Barrier(2)
+
+    def slow_build(*args):      # a step of building the class
+        try:
+            both_building.wait(timeout=1)       # where nothing stops the second, both build
+        except threading.BrokenBarrierError:
+            pass
+        return build_inference(*args)
+    monkeypatch.setattr(pyg_models, "inference_method", slow_build)
+    monkeypatch.setattr(basic_gnn.GCN, "_gnnfuse_model_class", None, raising=False)     # built afresh, then restored
+    models = []
+    threads = [threading.Thread(target=lambda: models.append(gnnfuse.nn.GCN(4, 8, 2, 3))) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert [type(model) for model in models] == [gnnfuse.nn.GCN] * 2
+    for model in models:
+        assert type(pickle.loads(pickle.dumps(model))) is gnnfuse.nn.GCN

@@ -18,9 +18,9 @@ start equal. ``PNAConv`` is PyG's own layer with gnnfuse's ``propagate``, which 
 """
 from __future__ import annotations
 
-import functools
 import types
 
+from ..derived_class import derived_class
 from .attention import EdgeConv, GATv2Conv
 from .basic_gnn_inference import inference_method
 from .conv import GATConv, GCNConv, SAGEConv
@@ -36,15 +36,24 @@ def _gnnfuse_convs() -> dict[str, type]:
             "GATv2Conv": GATv2Conv, "EdgeConv": EdgeConv, "PNAConv": layer_class("PNAConv")}
 
 
-@functools.cache
 def model_class(name: str) -> type:
     """``gnnfuse.nn.<name>`` for a name in `PYG_MODELS`: PyG's model class with its
     convolutions gnnfuse's. One class per name, named ``gnnfuse.nn.<name>``, so a pickled
-    model loads again."""
-    from torch_geometric.nn import MessagePassing
+    model loads again; kept on PyG's class (`derived_class`), whose lock makes it one class
+    where threads first ask for it at once (``functools.cache`` let each build its own:
+    eight threads got eight ``gnnfuse.nn.GCN`` classes, and pickling a model of all but
+    one failed with "it's not the same object as gnnfuse.nn.GCN")."""
     from torch_geometric.nn.models import basic_gnn
 
     pyg_class = getattr(basic_gnn, name)
+    return derived_class(pyg_class, "_gnnfuse_model_class", lambda: _model_class(name, pyg_class))
+
+
+def _model_class(name: str, pyg_class: type) -> type:
+    """`model_class`'s class for ``pyg_class``, PyG's ``torch_geometric.nn.<name>``."""
+    from torch_geometric.nn import MessagePassing
+    from torch_geometric.nn.models import basic_gnn
+
     pyg_init_conv = pyg_class.init_conv
     code = pyg_init_conv.__code__
     convs = _gnnfuse_convs()
