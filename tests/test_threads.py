@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import builtins
 import pickle
+import queue
 import threading
 
+import pytest
 import torch
 import torch_geometric.nn
 
@@ -130,3 +132,41 @@ def test_threads_first_asking_for_a_pyg_model_class_at_once_share_it(monkeypatch
     assert [type(model) for model in models] == [gnnfuse.nn.GCN] * 2
     for model in models:
         assert type(pickle.loads(pickle.dumps(model))) is gnnfuse.nn.GCN
+
+
+def test_another_threads_random_draws_during_a_trace_are_not_the_functions():
+    """The generators' states are the process's: a vertex function traced while another
+    thread drew (a training thread's dropout, a model's initial weights) was refused as
+    drawing a random number itself, at every first call (20 of 20 beside a thread calling
+    ``torch.rand``). Its own draw is still refused there."""
+    asks, answers = queue.Queue(), queue.Queue()
+
+    def drawing_thread():
+        while asks.get() is not None:
+            torch.rand(8)
+            answers.put(True)
+    thread = threading.Thread(target=drawing_thread)
+    thread.start()
+
+    def another_thread_draws():
+        asks.put(True)
+        answers.get(timeout=10)
+
+    @gnnfuse.vertex
+    def neighbour_sum(v):
+        another_thread_draws()
+        return {"h": sum([u.h for u in v.innbs])}
+
+    @gnnfuse.vertex
+    def scaled_by_a_draw(v):
+        another_thread_draws()
+        return {"h": sum([u.h * float(torch.rand(())) for u in v.innbs])}
+    graph = gnnfuse.Graph(torch.tensor([0, 1, 2]), torch.tensor([1, 2, 0]), 3)
+    x = torch.randn(3, 2)
+    try:
+        torch.testing.assert_close(neighbour_sum(graph, {"h": x})["h"], x[[2, 0, 1]])
+        with pytest.raises(gnnfuse.CompileError, match="draws a random number"):
+            scaled_by_a_draw(graph, {"h": x})
+    finally:
+        asks.put(None)
+        thread.join()

@@ -37,7 +37,7 @@ Some reads cannot be snapshotted at all. A random draw or a clock read at trace 
 (``torch.rand(()).item()``, ``numpy.random.rand()``, ``random.random()``) is baked into
 the program as a constant, so code that calls a function of that name (``_IMPURE``)
 is traced on every call and draws anew, as eager code would -- and so is any trace that
-moved a random generator's state (`random_states`: a draw inside library code); so is
+moved a random generator's state (`random_draws`: a draw inside library code); so is
 code that reads its namespace by name (``globals()['NAME']``, ``vars()``, ``eval``),
 or imports a module of the user's (``from config import SCALE`` inside the function:
 `user_import`), which the guard walk cannot follow, and code that writes a global or
@@ -54,26 +54,25 @@ would fail the same way.
 from __future__ import annotations
 
 import builtins
+import contextlib
 import copy
 import dis
 import enum
 import functools
 import math
-import random
 import sys
 import types
 import weakref
 from typing import Any, Callable, Hashable, Mapping
 
 import torch
-from torch._subclasses.fake_tensor import unset_fake_temporarily
-from torch.utils._python_dispatch import _disable_current_modes
 
 from ..runtime import CompiledProgram, compiled_for
 from ..runtime.autocast import AUTOCAST_DEVICE_TYPES, outside_autocast
 from ..user_warning import warn
 from .autocast import autocast_state
 from .module_hooks import GLOBAL_HOOK_TABLES
+from .random_draws import RandomDraws
 from .kept_traced import KeptTraced
 from .tracer import Tracer
 
@@ -587,32 +586,6 @@ def signature(tables: tuple[Mapping[str, torch.Tensor], ...]) -> Hashable:
     return torch.get_default_dtype(), autocast, parts
 
 
-def random_states() -> tuple:
-    """The states of the random generators a function may draw from in Python: torch's
-    (CPU, and each CUDA device's once CUDA is initialised), Python's ``random`` and
-    NumPy's global one. A trace that moved one drew a number it baked into the program
-    as a constant; `_IMPURE` catches such code by the names it calls, but not a draw
-    made inside library code (``Normal(0, 1).rsample()``, ``t.bernoulli_()``,
-    ``F.gumbel_softmax``), which then repeated one value on every cached call. The torch
-    states are read as their storage's bytes, which is no value read `_ValueReads` notes:
-    a vertex function's trace reads them (`vertex._random_draw`) and stays cacheable."""
-    try:
-        # under torch.export the states came back as fake tensors, and their storage's bytes
-        # could not be read under its tracing mode (NotImplementedError: a new object each
-        # call, so every vertex function's trace was refused as drawing a random number)
-        with unset_fake_temporarily(), _disable_current_modes():
-            states: tuple = (bytes(torch.default_generator.get_state().untyped_storage()), random.getstate())
-            if torch.cuda.is_initialized():
-                states += tuple(bytes(g.get_state().untyped_storage()) for g in torch.cuda.default_generators)
-    except RuntimeError:    # unreadable (inside a torch.func transform on a GPU): unequal to any, so not cached
-        return (object(),)
-    numpy = sys.modules.get("numpy")
-    if numpy is not None:
-        _, keys, position, *_ = numpy.random.get_state()
-        states += (position, keys.tobytes())
-    return states
-
-
 def _warn_retraces(functions: tuple[Callable | None, ...]) -> None:
     """Say, once per function, that it was traced `RETRACE_WARNING` times. Why:
     a Python number the trace reads (an annealed temperature in a closure, ``self.temp``
@@ -667,18 +640,18 @@ class TraceCache:
             raise copy.copy(failed)
         # the generators' states only where the trace may be kept: a function that cannot be
         # cached (key None) traces on every call, and reading them would be its cost alone
-        reads, before = _ValueReads(), None if key is None else random_states()
+        reads, draws = _ValueReads(), None if key is None else RandomDraws()
         versions = None if key is None else _versions(found[1])
         kept = KeptTraced(functions)    # what the trace may leave a traced value in
         outer, self.side_effects = self.side_effects, False
         try:
-            with reads:
+            with reads, draws or contextlib.nullcontext():
                 tracer = trace()
             kept.check()
         except Exception as exc:
             # not while dynamo traces this code (whose symbolic values fail the tracer in ways
             # of their own): the failure then answered every later eager call of the function
-            if (key is not None and not (found[1] and reads.seen) and random_states() == before
+            if (key is not None and not (found[1] and reads.seen) and not draws.drew
                     and not torch.compiler.is_compiling()):
                 self._remember_failure(key, exc)
             raise
@@ -686,7 +659,7 @@ class TraceCache:
             wrote, self.side_effects = self.side_effects, outer
         if wrote:
             key = None
-        if key is not None and random_states() != before:   # a draw `_IMPURE` does not name (rsample, bernoulli_)
+        if key is not None and draws.drew:   # a draw `_IMPURE` does not name (rsample, bernoulli_)
             key = None
         if key is not None and _wrote_state(functions, found[0]):
             key = None

@@ -70,8 +70,9 @@ from .compiled_call import call_compiled, register_udf
 from .counting import IDENTITY, check_counting
 from .graph_input import call_graph
 from .repeat_call import RepeatCall, RepeatCalls
+from .random_draws import RandomDraws
 from .trace_cache import (GuardMemo, TraceCache, check_tables, impure_name, outside_writes, plain_table,
-                          program_feeds, random_states)
+                          program_feeds)
 from .tracer import EDGE_ROWED, Degree, SymTensor, Tracer, definition_site, is_library
 from .udf import unwrap
 
@@ -607,11 +608,10 @@ class VertexFunction:
         rebound = {name: env.get(name, _UNSET) for kind, name, _ in outside_writes(plain.__code__) if kind == "global"}
         fn = types.FunctionType(plain.__code__, env, plain.__name__, plain.__defaults__, plain.__closure__)
         fn.__kwdefaults__ = plain.__kwdefaults__
-        drawn = random_states()
-        with _in_helpers(counting):
+        with RandomDraws() as draws, _in_helpers(counting):
             result = tracer.call(lambda v: fn(*args, v, **keywords), _Vertex(tracer, "center", feats))
         _write_back_globals(plain, env, rebound)
-        if random_states() != drawn:
+        if draws.drew:
             if retry_draw:
                 return self.trace(v_feature, e_feature, etype_feature, ntype_feature, retry_draw=False)
             raise _random_draw(plain)
