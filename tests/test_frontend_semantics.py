@@ -1689,7 +1689,8 @@ def test_in_place_writes_through_views_are_refused_and_pow_writes_every_name():
 
 def _score_and_its_views(edges):
     s = edges.src["h"] * edges.dst["h"]
-    return {"a": s, "b": s.reshape(-1, 2, s.shape[-1] // 2), "c": s[:, 1:3]}
+    b = s.reshape(-1, 2, s.shape[-1] // 2)
+    return {"d": b[:, :, 1:], "a": s, "b": b, "c": s[:, 1:3]}     # d views b, returned after it
 
 
 @pytest.mark.parametrize("backend", ["reference", "cpu", "triton"])
@@ -1709,7 +1710,7 @@ def test_outputs_that_view_another_output_share_its_memory_on_every_backend(back
             out["a"].mul_(2.0)
             eager = _score_and_its_views(types.SimpleNamespace(src={"h": h[g.src]}, dst={"h": h[g.dst]}))
             eager["a"].mul_(2.0)
-            for key in "abc":
+            for key in "abcd":
                 torch.testing.assert_close(out[key], eager[key], rtol=0, atol=0)
     out = gnnfuse.apply_edges(g, _score_and_its_views, ndata={"h": h.clone().requires_grad_()})
     out["a"].mul_(2.0)

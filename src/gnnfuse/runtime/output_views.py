@@ -2,8 +2,9 @@
 
 A UDF returning ``{"a": s, "b": s.reshape(E, 2, 3)}`` gives, in eager code, a ``b`` that
 is a view of ``a``: an in-place edit of one shows in the other. The reference executor
-runs the reshape as torch does and returns that view (autograd then refuses an in-place
-edit of either, naming ``_ProgramFunction``), but the fused backends write each output
+runs the reshape as torch does and returns that view (with gradients, autograd then
+refuses to read the view after an edit of either, naming ``_ProgramFunction``), but the
+fused backends write each output
 into a buffer of its own, so after ``out["a"].mul_(2)`` the CPU and Triton backends'
 ``b`` still held the old values, silently unlike eager code (2.6 off on a 6-edge graph).
 `rebuild_views` remakes each such output from the output it views, by the same torch
@@ -40,7 +41,11 @@ def views_of_outputs(program: Program) -> tuple[OutputView, ...]:
             if position.get(v.id, n) != n:
                 views.append((n, position[v.id], tuple(reversed(chain))))
                 break
-    return tuple(views)
+    base_of = {n: base for n, base, _ in views}
+
+    def depth(n: int) -> int:       # an output viewing a viewing output is remade after it
+        return 0 if n not in base_of else 1 + depth(base_of[n])
+    return tuple(sorted(views, key=lambda view: depth(view[0])))
 
 
 def rebuild_views(outputs: tuple[torch.Tensor, ...], views: tuple[OutputView, ...],
