@@ -843,4 +843,9 @@ def compiled_propagate(layer: PyGMessagePassing, edge_index: Any, size: Any, kwa
     out = out[:rows]
     update_args = set(layer.inspector.get_param_names("update"))
     collected = layer._collect(update_args - PyGMessagePassing.special_args, edge_index, mutable_size, kwargs)
+    # PyG's `_collect` holds inspect.Parameter.empty for a parameter propagate() was not
+    # given; PyG's template-generated propagate passes its default instead (a missing one
+    # without a default is the inspector's "Parameter 'h' is required"). Passed on, the
+    # placeholder (a class, so truthy) read as a set flag: ``normalize: bool = False`` normalised
+    collected = {name: value for name, value in collected.items() if value is not inspect.Parameter.empty}
     return layer.update(out, **layer.inspector.collect_param_data("update", collected))
