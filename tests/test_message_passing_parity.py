@@ -630,3 +630,33 @@ def test_an_update_parameter_propagate_was_not_given_takes_its_default(backend, 
     x = torch.randn(6, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(0)).to(device)
     edges = EDGES.to(device)
     assert_same(compiled_run(ours.to(device), x, edges), run(theirs.to(device), x, edges))
+
+
+def make_target_reading(Base: type) -> type:
+    """``message`` reads the targets' rows only (``x_i``) and a per-edge weight."""
+    class TargetReading(Base):
+        def __init__(self):
+            super().__init__(aggr="add")
+
+        def forward(self, x, edge_index, weight):
+            return self.propagate(edge_index, x=x, weight=weight)
+
+        def message(self, x_i, weight):
+            return x_i * weight.view(-1, 1)
+    return TargetReading
+
+
+def test_targets_given_alone_with_more_sources_run_pyg_semantics(backend, device):
+    """Only the 4 targets' rows given, sources numbered up to 7 (a bipartite edge_index):
+    PyG sizes the output by the targets and never reads a source row, but the compiled
+    call built a 4-vertex graph from the edges and raised "src has id 7 at position 1, but
+    num_nodes=4". It now runs PyG's propagate, with the fallback warning."""
+    ours, theirs = twins(make_target_reading)
+    edges = torch.tensor([[0, 7, 5, 3, 6, 1], [0, 1, 1, 3, 2, 0]], device=device)
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(4, 3, dtype=torch.float64, generator=gen).to(device)
+    weight = torch.rand(6, dtype=torch.float64, generator=gen).to(device)
+    gnnfuse.nn.message_passing._WARNED.pop(type(ours), None)
+    with pytest.warns(UserWarning, match="bipartite"):
+        got = run(ours.to(device), x, edges, weight)
+    assert_same(got, run(theirs.to(device), x, edges, weight))

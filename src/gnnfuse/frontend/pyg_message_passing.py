@@ -832,7 +832,16 @@ def compiled_propagate(layer: PyGMessagePassing, edge_index: Any, size: Any, kwa
         _NUMERIC_SIZES.add(message.__code__)
         compiled, captured = _trace(layer, args, op, guards + (num_nodes,), mutable_size, False)
     _check_captured(captured, num_edges, num_nodes)
-    graph = _graph(layer, edge_index, num_nodes)
+    try:
+        graph = _graph(layer, edge_index, num_nodes)
+    except ValueError as error:
+        if None not in mutable_size or not known:
+            raise
+        # the node tensors gave one side's count only (x_i alone: the targets); PyG never
+        # bounds the other side's ids by it, so a bipartite edge_index runs there (the
+        # graph is checked once per edge_index and count, so this costs a cached call nothing)
+        raise NotCompilable(f"bipartite message passing: the node tensors give one side {num_nodes} vertices "
+                            f"(size {mutable_size}) and edge_index has ids beyond them ({error})") from None
     out = compiled(graph, program_feeds((args.nodes, args.edges), captured))["out"]
     own_update = type(layer).update is not PyGMessagePassing.update or "update" in vars(layer)
     if own_update and read_back_by_backward(out):
