@@ -660,3 +660,43 @@ def test_targets_given_alone_with_more_sources_run_pyg_semantics(backend, device
     with pytest.warns(UserWarning, match="bipartite"):
         got = run(ours.to(device), x, edges, weight)
     assert_same(got, run(theirs.to(device), x, edges, weight))
+
+
+def make_edge_updating(Base: type) -> type:
+    """Attention weights from ``edge_updater`` (PyG's GATConv pattern), fed to ``propagate``;
+    one class whose ``edge_updater`` call PyG makes a template from, one (``**kwargs``) it
+    cannot, which runs PyG's generic ``edge_updater``."""
+    class EdgeUpdating(Base):
+        def __init__(self):
+            super().__init__(aggr="add")
+            self.att = torch.nn.Parameter(torch.linspace(-1, 1, 4, dtype=torch.float64))
+
+        def forward(self, x, edge_index):
+            alpha = self.edge_updater(edge_index, x=x)
+            return self.propagate(edge_index, x=x, alpha=alpha)
+
+        def edge_update(self, x_i, x_j, index, ptr: Optional[torch.Tensor], size_i: Optional[int]):
+            return softmax(((x_i + x_j) * self.att).sum(-1, keepdim=True), index, ptr, size_i)
+
+        def message(self, x_j, alpha):
+            return alpha * x_j
+
+    class Generic(EdgeUpdating):
+        def forward(self, x, edge_index, **kwargs):
+            alpha = self.edge_updater(edge_index, x=x, **kwargs)
+            return self.propagate(edge_index, x=x, alpha=alpha)
+    return EdgeUpdating, Generic
+
+
+@pytest.mark.parametrize("which", [0, 1], ids=["template", "generic"])
+def test_edge_updater_takes_a_gnnfuse_graph_as_propagate_does(which, backend, device):
+    """``propagate`` takes a gnnfuse `Graph` (a loader block's ``block.graph``) as its
+    edges; ``edge_updater`` handed it to PyG, which failed with "`MessagePassing.propagate`
+    only supports integer tensors of shape `[2, num_messages]`" -- naming the method that
+    took the graph. It now reads the graph's edges too."""
+    ours = make_edge_updating(gnnfuse.nn.MessagePassing)[which]().double().to(device)
+    theirs = make_edge_updating(pyg_nn.MessagePassing)[which]().double().to(device)
+    x = torch.randn(6, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(0)).to(device)
+    edges = EDGES.to(device)
+    graph = gnnfuse.Graph.from_edge_index(edges, 6)
+    assert_same(compiled_run(ours, x, graph), run(theirs, x, edges))

@@ -27,6 +27,7 @@ required by this class only; the rest of gnnfuse does not need it. TorchScript
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import re
 import weakref
@@ -70,6 +71,7 @@ class MessagePassing(NotScriptable, PyGMessagePassing):
             # as `pyg_layers` hands it to PyG's layers: it fell back to PyG's propagate with a
             # warning, which then failed on "only supports integer tensors of shape [2, ...]".
             # A bipartite graph's sizes come from the (x_src, x_dst) pair, as PyG reads them.
+            # `edge_updater` takes one so too.
             edge_index = edge_index.edge_index
         if torch.compiler.is_compiling():
             # dynamo would trace into the compiled program's autograd.Function, which it
@@ -87,10 +89,17 @@ class MessagePassing(NotScriptable, PyGMessagePassing):
                 raise error.named(type(self).__name__) from None
         return _eager_propagate(self, edge_index, size, kwargs)
 
+    def edge_updater(self, edge_index: Any, size: Any = None, **kwargs: Any) -> Any:
+        """PyG's generic ``edge_updater`` (run where PyG builds no template for the class),
+        taking a gnnfuse `Graph` as its edges, as `propagate` does."""
+        return super().edge_updater(_edges(edge_index), size, **kwargs)
+
     def _set_jittable_templates(self, raise_on_error: bool = False) -> None:
         """PyG installs a template-generated ``propagate`` on each concrete class (and
         swaps it back in when ``explain`` or ``decomposed_layers`` is reset); point all of
-        those at the compiling ``propagate`` instead, once per class."""
+        those at the compiling ``propagate`` instead, once per class. The template-generated
+        ``edge_updater`` it installs too is wrapped to take a gnnfuse `Graph` as its edges,
+        as `propagate` does (PyG's refused it naming ``propagate``)."""
         cls = type(self)
         if cls.__dict__.get("_gnnfuse_propagate_set"):
             return
@@ -111,6 +120,9 @@ class MessagePassing(NotScriptable, PyGMessagePassing):
         # forward passes **kwargs, say), found at each call: a base class's template once
         # that base has been instantiated, else the generic one (`_template`)
         cls.propagate = cls._orig_propagate = cls._jinja_propagate = propagate
+        updater = cls.__dict__.get("edge_updater")
+        if getattr(updater, "__module__", "").startswith(f"{cls.__module__}_{cls.__name__}"):   # PyG's template
+            cls.edge_updater = _graph_taking(updater)
         cls._gnnfuse_propagate_set = True
 
 
@@ -141,6 +153,19 @@ def _eager_propagate(layer: MessagePassing, edge_index: Any, size: Any, kwargs: 
     if template is None or layer.explain or layer.decomposed_layers != 1:
         return _EAGER_PROPAGATE(layer, edge_index, size, **kwargs)
     return template(layer, edge_index, size=size, **kwargs)
+
+
+def _edges(edge_index: Any) -> Any:
+    """A gnnfuse `Graph` as its ``[2, E]`` edge_index; anything else unchanged."""
+    return edge_index.edge_index if isinstance(edge_index, Graph) else edge_index
+
+
+def _graph_taking(edge_updater: Callable) -> Callable:
+    """PyG's template-generated ``edge_updater``, given a gnnfuse `Graph` as its edges."""
+    @functools.wraps(edge_updater)
+    def graph_taking_edge_updater(self: MessagePassing, edge_index: Any, *args: Any, **kwargs: Any) -> Any:
+        return edge_updater(self, _edges(edge_index), *args, **kwargs)
+    return graph_taking_edge_updater
 
 
 def _template(cls: type) -> Callable | None:
