@@ -56,11 +56,12 @@ def check_same_forward(model: str, data, state: dict[str, torch.Tensor], device:
 # --- results ---------------------------------------------------------------------------
 def ratio(results: dict[str, Any], dataset: str, model: str) -> float | None:
     """edge_index time / Graph time; None unless both cells are ok on one device and the
-    two inputs' forwards agreed (a ratio between two different results means nothing)."""
+    two inputs' forwards agreed (a ratio between two different results means nothing). A
+    check that did not run (it failed, or none is stored) leaves agreement unknown: no ratio."""
     graph, raw = (results["cells"].get(f"{dataset}/{model}/{kind}") for kind in INPUTS)
-    check = results["checks"].get(f"{dataset}/{model}", {})
+    err = results["checks"].get(f"{dataset}/{model}", {}).get("max_rel_err")
     usable = (graph and raw and graph["status"] == raw["status"] == "ok"
-              and not check_failed(check.get("max_rel_err"), REL_ERR_LIMIT)
+              and err is not None and not check_failed(err, REL_ERR_LIMIT)
               and len(device_names(results, [graph, raw])) == 1)
     return raw["median_ms"] / graph["median_ms"] if usable else None
 

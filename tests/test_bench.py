@@ -276,3 +276,16 @@ def test_bench_records_the_thread_count_and_the_backend_it_ran(tmp_path, monkeyp
     env = json.loads(out.read_text())["environment"]
     assert env["threads"] == 1 and env["backend"] == "cpu"
     assert "1 CPU thread(s), gnnfuse backend cpu" in capsys.readouterr().out
+
+
+def test_bench_edge_index_gives_no_ratio_where_the_check_did_not_run(import_script):
+    """bench_edge_index's ratio promises "None unless ... the two inputs' forwards agreed";
+    a check that failed to run (an OOM: no max_rel_err) or is missing leaves agreement
+    unknown, yet the ratio was given (2.00 in both cases)."""
+    bench = import_script(Path(__file__).resolve().parent.parent / "benchmarks", "bench_edge_index")
+    cells = {f"cora/gcn/{kind}": {"status": "ok", "median_ms": ms, "run": "r"}
+             for kind, ms in zip(bench.INPUTS, (1.0, 2.0))}
+    results = {"runs": {"r": {"device_name": "H100"}}, "cells": cells, "checks": {"cora/gcn": {"status": "oom"}}}
+    assert bench.ratio(results, "cora", "gcn") is None
+    results["checks"] = {}
+    assert bench.ratio(results, "cora", "gcn") is None
