@@ -139,8 +139,13 @@ def measure(fns: dict[str, Callable[[torch.Tensor], torch.Tensor]], x: torch.Ten
     method meets the same spells. A method that fails keeps its failure as its status."""
     cells: dict[str, dict[str, Any]] = {}
     times: dict[str, list[float]] = {}
+
+    def warm(fn: Callable[[torch.Tensor], torch.Tensor]) -> dict[str, Any]:
+        for _ in range(args.warmup):
+            fn(x)
+        return {"status": "ok"}
     for method, fn in fns.items():
-        cells[method] = guarded(lambda: [fn(x) for _ in range(args.warmup)] and {"status": "ok"}, device)
+        cells[method] = guarded(lambda: warm(fn), device)
     for _ in range(args.blocks):
         for method, fn in fns.items():
             if cells[method]["status"] == "ok":
@@ -323,8 +328,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add_device_arguments(parser)
     args = parser.parse_args(argv)
     check_methods(parser, args.methods, METHODS)
-    if args.repeats < 1 or args.graph_calls < 1:
-        parser.error("--repeats and --graph-calls must be at least 1")
+    if args.repeats < 1 or args.graph_calls < 1 or args.blocks < 1:
+        parser.error("--repeats, --blocks and --graph-calls must be at least 1")
+    if args.warmup < 0:
+        parser.error("--warmup must be at least 0")
     return args
 
 

@@ -51,3 +51,17 @@ def test_no_speedup_beside_a_failed_check(bench_aggregate):
     assert row[-3:] == ["2.00", "–", "nan **FAIL**"]
     assert bench_aggregate.table_row(results, 64, [cell(1.0, 0.0), cell(2.0, None), cell(3.0, 0.0)])[-3:] == [
         "2.00", "3.00", "0.0e+00"]
+
+
+def test_no_warm_up_times_the_methods_and_bad_counts_are_usage_errors(bench_aggregate, capsys):
+    """``--warmup 0`` ended the run with "TypeError: list indices must be integers or
+    slices, not str" (the warm-up's empty list stood in for the method's status), and
+    ``--blocks 0`` timed nothing and failed on the missing times."""
+    x = torch.ones(4, 2)
+    args = argparse.Namespace(warmup=0, repeats=2, blocks=1)
+    cells = bench_aggregate.measure({"a": lambda t: t * 2}, x, {"a": x * 2}, args, torch.device("cpu"), 8)
+    assert cells["a"]["status"] == "ok" and cells["a"]["repeats"] == 2 and cells["a"]["rel_err"] == 0
+    for option in (["--blocks", "0"], ["--warmup", "-1"]):
+        with pytest.raises(SystemExit):
+            bench_aggregate.parse_args(["--device", "cpu", *option])
+        assert option[0] in capsys.readouterr().err
