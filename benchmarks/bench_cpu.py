@@ -9,7 +9,8 @@ edge weights (for GAT the weights are the softmax, computed by PyG's ``softmax``
 the timed call: that is what a sparse-matmul implementation must do each step). Every
 method is checked against PyG's output. Then GCN/GAT/SAGE training steps
 (`gnnfuse.bench.measure`) for gnnfuse on the CPU backend, gnnfuse on the torch
-reference, PyG eager and compiled PyG. Each is run at every thread count asked for.
+reference, PyG eager and compiled PyG, each gnnfuse model's eval-mode forward first
+checked against PyG's on its backend. Each is run at every thread count asked for.
 
 Results merge into ``<out>/cpu.json`` and ``<out>/cpu.md`` with the CPU's name and the
 commit. On a shared machine the numbers are noise-bound: rerun on a quiet one.
@@ -158,6 +159,9 @@ def run_kernels(name: str, threads: int, args, results: dict[str, Any], run_id: 
 
 
 def run_training(name: str, threads: int, args, results: dict[str, Any], run_id: str) -> None:
+    """Each trainer's steps (`gnnfuse.bench.measure`); a gnnfuse trainer's eval-mode forward
+    is first checked against PyG's on its own backend (``rel_err``, and ``check`` its
+    status), since its speedup in the table is none where that check failed or did not run."""
     device = torch.device("cpu")
     data = bench.load_data(name, args.data_root, device, log)
     for model in args.models:
@@ -165,8 +169,17 @@ def run_training(name: str, threads: int, args, results: dict[str, Any], run_id:
         for trainer in TRAINERS:
             framework = trainer if trainer.startswith("pyg") else "gnnfuse"
             os.environ["GNNFUSE_BACKEND"] = "reference" if trainer == "gnnfuse-reference" else "cpu"
+            check = {}
+            if framework == "gnnfuse":
+                check = guarded(lambda: {"status": "ok", "rel_err": bench.check_forward(model, data, state, device)},
+                                device)
+                check = {"check": check["status"], "rel_err": check.get("rel_err")}
+                if check_failed(check["rel_err"], REL_ERR_LIMIT) or check["check"] != "ok":
+                    warn(f"{name} {model} {trainer}: forward differs from PyG "
+                         f"({check['check']}, rel err {fmt(check['rel_err'], '.1e')})")
             cell = guarded(lambda: bench.measure(framework, model, data, state, args.steps, args.warmup, device),
                            device)
+            cell.update(check)
             results["training"][f"{name}/{model}/{threads}/{trainer}"] = {**cell, "run": run_id}
             log(f"[{name}] {model} threads={threads} {trainer}: {fmt(cell.get('median_ms'), '.1f')} ms/step "
                 f"({cell['status']}, first step {fmt(cell.get('first_step_ms'), '.0f')} ms)")
@@ -174,12 +187,13 @@ def run_training(name: str, threads: int, args, results: dict[str, Any], run_id:
 
 
 def ratio(results: dict[str, Any], section: str, key: str, ours: str, theirs: str) -> str:
-    """Their time over ours; none beside a kernel whose output failed its check against PyG's
-    (a faster kernel computing something else is no speedup)."""
+    """Their time over ours; none beside a kernel whose output failed its check against PyG's,
+    or a training cell whose forward check failed or could not run (``check``): a faster
+    kernel or step computing something else is no speedup."""
     a, b = results[section].get(f"{key}/{ours}", {}), results[section].get(f"{key}/{theirs}", {})
     if a.get("status") != "ok" or b.get("status") != "ok":
         return "–"
-    if any(check_failed(cell.get("rel_err"), REL_ERR_LIMIT) for cell in (a, b)):
+    if any(check_failed(cell.get("rel_err"), REL_ERR_LIMIT) or cell.get("check", "ok") != "ok" for cell in (a, b)):
         return "check failed"
     return f"{b['median_ms'] / a['median_ms']:.2f}x"
 

@@ -289,3 +289,36 @@ def test_bench_edge_index_gives_no_ratio_where_the_check_did_not_run(import_scri
     assert bench.ratio(results, "cora", "gcn") is None
     results["checks"] = {}
     assert bench.ratio(results, "cora", "gcn") is None
+
+
+def test_bench_cpu_checks_each_gnnfuse_training_forward_before_a_speedup(import_script, monkeypatch, tmp_path):
+    """bench_cpu's training table gave "vs pyg" speedups (4.64x published) for gnnfuse steps
+    whose forward was never compared with PyG's: a CPU backend computing something else
+    would still have shown one. Each gnnfuse trainer's forward is now checked on its own
+    backend, and a difference (or a check that could not run) leaves "check failed"."""
+    import argparse
+
+    script = import_script(Path(__file__).resolve().parent.parent / "benchmarks", "bench_cpu")
+    backends = []
+
+    def check_forward(model, data, state, device):
+        backends.append(os.environ["GNNFUSE_BACKEND"])
+        return 0.5 if os.environ["GNNFUSE_BACKEND"] == "cpu" else 1e-7
+    monkeypatch.setattr(bench, "load_data", lambda *args: "data")
+    monkeypatch.setattr(bench, "reference_state", lambda model, data: {})
+    monkeypatch.setattr(bench, "check_forward", check_forward)
+    monkeypatch.setattr(bench, "measure", lambda framework, *args: {"status": "ok", "median_ms": 1.0})
+    monkeypatch.setenv("GNNFUSE_BACKEND", "reference")
+    results = {"runs": {}, "kernels": {}, "training": {}}
+    args = argparse.Namespace(data_root=None, models=["gcn"], steps=1, warmup=0, out=tmp_path)
+    script.run_training("cora", 1, args, results, "r")
+    assert backends == ["cpu", "reference"]
+    assert results["training"]["cora/gcn/1/gnnfuse-cpu"]["rel_err"] == 0.5
+    assert script.ratio(results, "training", "cora/gcn/1", "gnnfuse-cpu", "pyg") == "check failed"
+    assert script.ratio(results, "training", "cora/gcn/1", "gnnfuse-reference", "pyg") == "1.00x"
+
+    def broken(*args):
+        raise RuntimeError("simulated")
+    monkeypatch.setattr(bench, "check_forward", broken)
+    script.run_training("cora", 1, args, results, "r")
+    assert script.ratio(results, "training", "cora/gcn/1", "gnnfuse-cpu", "pyg") == "check failed"
