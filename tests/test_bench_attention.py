@@ -77,3 +77,31 @@ def test_a_nan_gradient_beside_a_good_output_fails_the_check(bench_attention):
     cell = {**_cell(ms=1.0, gb=0.1), "rel_err": {"out": 1e-7, "x_l": float("nan")}, "checked_against": "torch"}
     assert bench_attention.max_error(cell) != bench_attention.max_error(cell)
     assert bench_attention.error_text(cell).endswith("**FAIL**")
+
+
+def test_a_rerun_without_torch_still_checks_gnnfuse_against_torch(bench_attention, monkeypatch, tmp_path):
+    """``--methods gnnfuse`` (re-timing gnnfuse after a change) made gnnfuse the first method
+    to run, hence the oracle: its cell had no error and the table said "oracle" beside an
+    "ok" torch cell, whatever gnnfuse computed. torch's answer is now computed as the check
+    even when torch is not timed."""
+    import argparse
+
+    import torch
+
+    real = bench_attention.build_method
+
+    def build(method, problem, att, turbo):
+        if method == "gnnfuse":       # a kernel computing twice the answer
+            forward = real("torch", problem, att, turbo)
+            return lambda x_l, x_r, a: 2 * forward(x_l, x_r, a)
+        return real(method, problem, att, turbo)
+    monkeypatch.setattr(bench_attention, "build_method", build)
+    edges = torch.tensor([[0, 1, 2, 3, 0], [1, 2, 3, 0, 2]])
+    problem = bench_attention.Problem("tiny", edges, 4)
+    args = argparse.Namespace(methods=["gnnfuse"], warmup=1, reps=1, profile=False, cell_timeout=None, out=tmp_path)
+    results = {"runs": {"r": _run("cpu")}, "graphs": {"tiny": {"run": "r"}}, "cells": {}}
+    bench_attention.run_cell(problem, 2, 4, None, None, args, torch.device("cpu"), results, "r")
+    cell = results["cells"]["tiny/2x4/gnnfuse"]
+    assert cell["checked_against"] == "torch" and bench_attention.max_error(cell) > 0.4
+    assert bench_attention.error_text(cell).endswith("**FAIL**")
+    assert "tiny/2x4/torch" not in results["cells"]
