@@ -10,7 +10,8 @@ Each call is one loss and its gradient with respect to the whole logit matrix
 (`time_calls`: host time included, as an uncaptured training step pays it) and replayed
 from a CUDA graph of ``--graph-calls`` calls (`StepCapture`; kernel time only, as in the
 training benchmark's captured steps). Each cell also records the two losses' and
-gradients' largest relative difference.
+gradients' largest relative difference, and each method's replayed answer's against
+torch's launched one: past `REL_ERR_LIMIT` (or NaN) a cell gets **FAIL** and no speed-up.
 
     PYTHONPATH=src:benchmarks python benchmarks/bench_loss.py --out benchmarks/results
 """
@@ -23,8 +24,9 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 
-from common import environment, load_results, new_run_id, replayed_calls, results_saver, runs_markdown
-from gnnfuse.bench import extra_peak_gb, summarize, time_calls
+from common import (check_failed, environment, fail_mark, load_results, new_run_id, replayed_calls, results_saver,
+                    runs_markdown, worst_error)
+from gnnfuse.bench import REL_ERR_LIMIT, extra_peak_gb, max_rel_err, summarize, time_calls
 from gnnfuse.nn.cross_entropy import _SelectedCrossEntropy
 
 # name: (rows, classes, training rows) -- ogbn-arxiv's, Reddit2's, ogbn-products' and
@@ -44,9 +46,19 @@ def loss_and_gradient(method: str, out: torch.Tensor, y: torch.Tensor, idx: torc
     return call
 
 
-def replayed_ms(call: Callable[[], Any], graph_calls: int, repeats: int, device: torch.device) -> float | str:
-    stats, _, reason = replayed_calls(call, graph_calls, 2, repeats, device)
-    return stats["median_ms"] if stats is not None else f"not captured: {reason}"[:200]
+def replayed(call: Callable[[], Any], graph_calls: int, repeats: int,
+             device: torch.device) -> tuple[float | str, tuple[torch.Tensor, torch.Tensor] | None]:
+    """The replayed call's median ms and its last answer, or why it was not captured and None."""
+    stats, out, reason = replayed_calls(call, graph_calls, 2, repeats, device)
+    if stats is None:
+        return f"not captured: {reason}"[:200], None
+    return stats["median_ms"], out
+
+
+def rel_diffs(got: tuple[torch.Tensor, torch.Tensor], want: tuple[torch.Tensor, torch.Tensor]) -> tuple[float, float]:
+    """(loss, gradient) relative differences: |a - b| / |b| and max|a - b| / max|b|."""
+    (a, ga), (b, gb) = got, want
+    return ((a - b).abs() / b.abs()).item(), max_rel_err(ga, gb)
 
 
 def run_size(name: str, args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
@@ -65,15 +77,20 @@ def run_size(name: str, args: argparse.Namespace, device: torch.device) -> dict[
         answers[method] = tuple([t.detach() for t in call()])
         for _ in range(3):
             call()
-        cell[method] = {"launched_ms": summarize(time_calls(call, args.repeats, device))["median_ms"],
-                        "replayed_ms": replayed_ms(call, args.graph_calls, args.repeats, device),
+        launched_ms = summarize(time_calls(call, args.repeats, device))["median_ms"]
+        replayed_ms, replayed_answer = replayed(call, args.graph_calls, args.repeats, device)
+        cell[method] = {"launched_ms": launched_ms, "replayed_ms": replayed_ms,
+                        "replayed_rel_diff": None if replayed_answer is None
+                        else worst_error(rel_diffs(replayed_answer, answers["torch"])),
                         "peak_gb": extra_peak_gb(call, device)[1]}
-    (a, ga), (b, gb) = answers["gnnfuse"], answers["torch"]
-    cell["loss_rel_diff"] = ((a - b).abs() / b.abs()).item()
-    cell["grad_rel_diff"] = ((ga - gb).abs().max() / gb.abs().max()).item()
+    cell["loss_rel_diff"], cell["grad_rel_diff"] = rel_diffs(answers["gnnfuse"], answers["torch"])
+    launched_wrong = check_failed(worst_error([cell["loss_rel_diff"], cell["grad_rel_diff"]]), REL_ERR_LIMIT)
     for kind in ("launched_ms", "replayed_ms"):
         ours, theirs = cell["gnnfuse"][kind], cell["torch"][kind]
-        cell[f"speedup_{kind[:-3]}"] = theirs / ours if isinstance(ours, float) and isinstance(theirs, float) else None
+        wrong = launched_wrong or (kind == "replayed_ms" and any(
+            check_failed(cell[m]["replayed_rel_diff"], REL_ERR_LIMIT) for m in METHODS))
+        cell[f"speedup_{kind[:-3]}"] = (theirs / ours if isinstance(ours, float) and isinstance(theirs, float)
+                                        and not wrong else None)
     return cell
 
 
@@ -85,11 +102,15 @@ def markdown(results: dict[str, Any]) -> str:
              "loss and its gradient for the whole [rows, classes] logits. launched: "
              "median of calls from Python (host time included); replayed: from a CUDA graph of several calls "
              "(kernel time). speed-up = torch / gnnfuse. peak GB: one launched call's allocations above what was "
-             "allocated before it, its [rows, classes] gradient included (– in runs before it was recorded).", "",
+             "allocated before it, its [rows, classes] gradient included (– in runs before it was recorded). "
+             "rel diff: gnnfuse's launched loss and gradient against torch's; replayed: the worst of each "
+             f"method's replayed answer against torch's launched one; **FAIL** above {REL_ERR_LIMIT:g} or NaN, "
+             "and then no speed-up.", "",
              *runs_markdown(results), "",
              "| size | rows x classes, selected | torch launched ms | gnnfuse launched ms | speed-up | torch replayed "
-             "ms | gnnfuse replayed ms | speed-up | peak GB torch / gnnfuse | loss / grad rel diff |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "ms | gnnfuse replayed ms | speed-up | peak GB torch / gnnfuse | loss / grad rel diff | replayed rel diff "
+             "torch / gnnfuse |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
 
     def ms(value: Any) -> str:
         return f"{value:.4f}" if isinstance(value, float) else str(value)
@@ -99,13 +120,17 @@ def markdown(results: dict[str, Any]) -> str:
 
     def gb(value: Any) -> str:
         return f"{value:.3f}" if isinstance(value, float) else "–"
+
+    def diff(value: Any) -> str:
+        return f"{value:.1e}{fail_mark(value, REL_ERR_LIMIT)}" if isinstance(value, float) else "–"
     for name, cell in results["cells"].items():
         lines.append(f"| {name} | {cell['rows']:,} x {cell['classes']}, {cell['selected']:,} | "
                      f"{ms(cell['torch']['launched_ms'])} | {ms(cell['gnnfuse']['launched_ms'])} | "
                      f"{ratio(cell['speedup_launched'])} | {ms(cell['torch']['replayed_ms'])} | "
                      f"{ms(cell['gnnfuse']['replayed_ms'])} | {ratio(cell['speedup_replayed'])} | "
                      f"{gb(cell['torch'].get('peak_gb'))} / {gb(cell['gnnfuse'].get('peak_gb'))} | "
-                     f"{cell['loss_rel_diff']:.1e} / {cell['grad_rel_diff']:.1e} |")
+                     f"{diff(cell['loss_rel_diff'])} / {diff(cell['grad_rel_diff'])} | "
+                     f"{diff(cell['torch'].get('replayed_rel_diff'))} / {diff(cell['gnnfuse'].get('replayed_rel_diff'))} |")
     return "\n".join(lines) + "\n"
 
 

@@ -322,3 +322,25 @@ def test_bench_cpu_checks_each_gnnfuse_training_forward_before_a_speedup(import_
     monkeypatch.setattr(bench, "check_forward", broken)
     script.run_training("cora", 1, args, results, "r")
     assert script.ratio(results, "training", "cora/gcn/1", "gnnfuse-cpu", "pyg") == "check failed"
+
+
+def test_bench_loss_gives_no_speedup_beside_a_loss_that_differs(import_script, monkeypatch):
+    """bench_loss printed the two losses' and gradients' differences but gave both speed-ups
+    whatever they were: a kernel returning twice torch's loss and gradient read "1.0e+00 /
+    1.0e+00" beside its speed-up, with no FAIL."""
+    import argparse
+
+    import torch.nn.functional as F
+
+    script = import_script(Path(__file__).resolve().parent.parent / "benchmarks", "bench_loss")
+    monkeypatch.setitem(script.SIZES, "tiny", (50, 4, 20))
+    monkeypatch.setitem(script.METHODS, "gnnfuse", lambda out, y, idx: 2 * F.cross_entropy(out[idx], y))
+    args = argparse.Namespace(repeats=2, graph_calls=2)
+    cell = script.run_size("tiny", args, torch.device("cpu"))
+    assert cell["loss_rel_diff"] == pytest.approx(1.0) and cell["speedup_launched"] is None
+    results = {"runs": {}, "cells": {"tiny": {**cell, "run": "r"}}}
+    row = next(line for line in script.markdown(results).splitlines() if line.startswith("| tiny "))
+    assert "1.0e+00 **FAIL** / 1.0e+00 **FAIL**" in row and "x |" not in row
+    monkeypatch.setitem(script.METHODS, "gnnfuse", lambda out, y, idx: F.cross_entropy(out[idx], y))
+    cell = script.run_size("tiny", args, torch.device("cpu"))
+    assert cell["loss_rel_diff"] == 0 and cell["speedup_launched"] > 0
