@@ -96,8 +96,11 @@ def save_json(path: Path, results: dict[str, Any]) -> None:
 def results_saver(path: Path, markdown: Callable[[dict[str, Any]], str]) -> Callable[[dict[str, Any]], None]:
     """A function writing a run's results to ``path`` (JSON) and its Markdown table beside
     it (``.md``), both atomically: called after every cell, so a run cut off by a time
-    limit keeps what it measured."""
+    limit keeps what it measured. Results that keep ``runs`` lose those no entry refers
+    to (`prune_runs`) first, so the file names only the runs its cells came from."""
     def save(results: dict[str, Any]) -> None:
+        if "runs" in results:
+            prune_runs(results)
         write_atomically(path, json.dumps(results, indent=1, default=str) + "\n")
         write_atomically(path.with_suffix(".md"), markdown(results))
     return save

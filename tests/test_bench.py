@@ -344,3 +344,20 @@ def test_bench_loss_gives_no_speedup_beside_a_loss_that_differs(import_script, m
     monkeypatch.setitem(script.METHODS, "gnnfuse", lambda out, y, idx: F.cross_entropy(out[idx], y))
     cell = script.run_size("tiny", args, torch.device("cpu"))
     assert cell["loss_rel_diff"] == 0 and cell["speedup_launched"] > 0
+
+
+def test_results_saver_drops_runs_no_cell_refers_to(import_script, tmp_path):
+    """bench_loss, bench_dropout and check_determinism save through `results_saver` and never
+    pruned: loss.md listed four runs (their commits, dates and devices) for cells all
+    measured in one, and a replaced cell's old device would raise the "more than one
+    device" warning."""
+    common = import_script(Path(__file__).resolve().parent.parent / "benchmarks", "common")
+    env = {"device_name": "H100", "torch": "2.11", "triton": "3.6", "torch_geometric": "2.8", "git_commit": "abc",
+           "git_dirty": False, "date": "2026-12-05"}
+    results = {"runs": {"old": {**env, "device_name": "A100"}, "new": env}, "cells": {"a": {"run": "new"}}}
+    save = common.results_saver(tmp_path / "r.json", lambda r: "\n".join(common.runs_markdown(r) if "runs" in r else []) + "\n")
+    save(results)
+    assert set(json.loads((tmp_path / "r.json").read_text())["runs"]) == {"new"}
+    assert "old" not in (tmp_path / "r.md").read_text() and "more than one device" not in (tmp_path / "r.md").read_text()
+    save({"ranks": [1]})            # a result without runs (bench_distributed's) is written as it is
+    assert json.loads((tmp_path / "r.json").read_text()) == {"ranks": [1]}
