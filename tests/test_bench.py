@@ -361,3 +361,25 @@ def test_results_saver_drops_runs_no_cell_refers_to(import_script, tmp_path):
     assert "old" not in (tmp_path / "r.md").read_text() and "more than one device" not in (tmp_path / "r.md").read_text()
     save({"ranks": [1]})            # a result without runs (bench_distributed's) is written as it is
     assert json.loads((tmp_path / "r.json").read_text()) == {"ranks": [1]}
+
+
+def test_the_capture_streams_workspaces_are_made_before_any_framework_is_measured(monkeypatch, import_script,
+                                                                                  tmp_path):
+    """gnnfuse's captured step makes cuBLAS workspaces on its capture stream (32 MiB per
+    handle on Hopper) during its warm-up, and they stay allocated: a framework measured
+    after gnnfuse counted them in its peak, one measured before it (``--frameworks
+    pyg,gnnfuse``, or a bench_training run re-timing PyG alone) did not, so memory ratios
+    depended on the order and on which runs the cells came from. bench_hetero made them
+    first (`prime_capture_stream`); `gnnfuse bench` and bench_training now do too."""
+    calls = []
+    monkeypatch.setattr(bench.compare, "prime_capture_stream", lambda device: calls.append("prime"))
+    monkeypatch.setattr(bench.compare, "measure", lambda *a, **k: calls.append("measure") or {"status": "error"})
+    bench.run_bench("gcn", "synthetic", "cpu", ("pyg", "gnnfuse"), steps=1, warmup=0, log=lambda m: None)
+    assert calls == ["prime", "measure", "measure"]
+
+    training = import_script(Path(__file__).resolve().parent.parent / "benchmarks", "bench_training")
+    calls.clear()
+    monkeypatch.setattr(training, "prime_capture_stream", lambda device: calls.append("prime"))
+    monkeypatch.setattr(training, "run_dataset", lambda *args: calls.append("dataset"))
+    training.main(["--device", "cpu", "--datasets", "cora", "--out", str(tmp_path)])
+    assert calls == ["prime", "dataset"]
