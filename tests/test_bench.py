@@ -383,3 +383,26 @@ def test_the_capture_streams_workspaces_are_made_before_any_framework_is_measure
     monkeypatch.setattr(training, "run_dataset", lambda *args: calls.append("dataset"))
     training.main(["--device", "cpu", "--datasets", "cora", "--out", str(tmp_path)])
     assert calls == ["prime", "dataset"]
+
+
+def test_check_templates_catches_a_nan_gradient_and_gives_no_ratio_beside_a_failure(import_script, monkeypatch):
+    """check_templates took ``max`` over the output's and gradients' errors, which drops a
+    NaN listed after a number: a template with a NaN input gradient read max rel err 0 and
+    passed. Its table also gave the peer / template ratio beside a template that failed."""
+    script = import_script(Path(__file__).resolve().parent.parent / "benchmarks", "check_templates")
+
+    class NanGradient(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x.clone()
+
+        @staticmethod
+        def backward(ctx, grad):
+            return torch.full_like(grad, float("nan"))
+    monkeypatch.setitem(script.PAIRS, "nan", lambda graph, width, device: (lambda x: x.clone(), NanGradient.apply))
+    graph = type("G", (), {"num_nodes": 5})()
+    cell = script.run_cell(graph, "nan", 3, torch.device("cpu"), 2)
+    assert cell["max_rel_err"] != cell["max_rel_err"]
+    results = {"runs": {}, "cells": {"g/nan/3": {**cell, "run": "r"}}}
+    row = next(line for line in script.markdown(results).splitlines() if line.startswith("| g |"))
+    assert row.endswith("| – | nan **FAIL** |")
