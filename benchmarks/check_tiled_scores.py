@@ -69,10 +69,12 @@ def run_layer(layer: Any, x: torch.Tensor, edge_index: torch.Tensor, attr: torch
 
 
 def worst_error(tiled: dict[str, torch.Tensor], untiled: dict[str, torch.Tensor]) -> tuple[float, str]:
+    """The largest error over the output and every gradient, and whose: a NaN before any
+    number (``max`` keeps whichever of NaN and a number comes first), a missing gradient inf."""
     from gnnfuse.bench import max_rel_err
     errors = {name: (float("inf") if tiled[name] is None else max_rel_err(tiled[name], untiled[name]))
               for name in untiled}
-    name = max(errors, key=errors.get)
+    name = next((n for n, e in errors.items() if e != e), None) or max(errors, key=errors.get)
     return errors[name], name
 
 

@@ -406,3 +406,15 @@ def test_check_templates_catches_a_nan_gradient_and_gives_no_ratio_beside_a_fail
     results = {"runs": {}, "cells": {"g/nan/3": {**cell, "run": "r"}}}
     row = next(line for line in script.markdown(results).splitlines() if line.startswith("| g |"))
     assert row.endswith("| – | nan **FAIL** |")
+
+
+def test_check_tiled_scores_worst_error_is_nan_wherever_the_nan_is(import_script):
+    """check_tiled_scores picked ``max(errors, key=errors.get)``, which keeps whichever of NaN
+    and a number comes first: a NaN gradient listed after a good output read as the good
+    output's 0.0, and the tiled plan "passed"."""
+    script = import_script(Path(__file__).resolve().parent.parent / "benchmarks", "check_tiled_scores")
+    ones = torch.ones(3)
+    err, where = script.worst_error({"out": ones, "x": torch.full((3,), float("nan"))}, {"out": ones, "x": ones})
+    assert err != err and where == "x"
+    assert script.worst_error({"out": ones, "x": 2 * ones}, {"out": ones, "x": ones}) == (1.0, "x")
+    assert script.worst_error({"out": ones, "x": None}, {"out": ones, "x": ones}) == (float("inf"), "x")
