@@ -418,3 +418,14 @@ def test_check_tiled_scores_worst_error_is_nan_wherever_the_nan_is(import_script
     assert err != err and where == "x"
     assert script.worst_error({"out": ones, "x": 2 * ones}, {"out": ones, "x": ones}) == (1.0, "x")
     assert script.worst_error({"out": ones, "x": None}, {"out": ones, "x": ones}) == (float("inf"), "x")
+
+
+def test_check_split_rows_counts_a_nan_output_as_wrong(import_script):
+    """check_split_rows counted a call wrong when ``err > TOLERANCE`` and kept
+    ``max(worst, err)``: a NaN output (what a race on a split row's workspace can give)
+    counted as right and left the worst error unchanged, so the check printed "ok"."""
+    script = import_script(Path(__file__).resolve().parent.parent / "benchmarks", "check_split_rows")
+    worst, wrong = script.tally(0.0, 0, float("nan"))
+    assert worst != worst and wrong == 1
+    assert script.tally(1e-7, 0, 1e-6) == (1e-6, 0)
+    assert script.tally(1e-7, 2, 1.0) == (1.0, 3)
