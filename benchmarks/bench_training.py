@@ -39,7 +39,12 @@ def ratios(results: dict[str, Any], dataset: str, model: str) -> dict[str, float
     """gnnfuse's speedup (other time / gnnfuse time) and memory ratio (gnnfuse peak /
     other peak) against each PyG variant; None where a cell is missing, failed, or was
     measured on a different device than gnnfuse's, or where the forward check did not
-    pass (the module doc's promise: no speedup for a layer that computes something else)."""
+    pass (the module doc's promise: no speedup for a layer that computes something else).
+
+    The memory ratio also needs both cells from one run: a peak counts everything the
+    process holds, which differs between runs (pubmed/gcn: 0.518 GB resident in one
+    run, 0.114 in another, and a 'mem vs pyg' of 2.65 where the run's compiled PyG
+    peaked at gnnfuse's 0.581 GB)."""
     cells = results["cells"]
     ours = cells.get(f"{dataset}/{model}/gnnfuse")
     err = results["checks"].get(f"{dataset}/{model}", {}).get("max_rel_err")
@@ -51,7 +56,8 @@ def ratios(results: dict[str, Any], dataset: str, model: str) -> dict[str, float
                   and len(device_names(results, [ours, theirs])) == 1)
         out[f"speedup_vs_{other}"] = theirs["median_ms"] / ours["median_ms"] if usable else None
         out[f"memory_ratio_vs_{other}"] = (ours["peak_gb"] / theirs["peak_gb"]
-                                           if usable and ours["peak_gb"] and theirs["peak_gb"] else None)
+                                           if usable and ours["run"] == theirs["run"] and ours["peak_gb"]
+                                           and theirs["peak_gb"] else None)
     return out
 
 
@@ -82,7 +88,7 @@ def render_markdown(results: dict[str, Any]) -> str:
              "graph: over its recording and its replays); reserved GB = `torch.cuda.max_memory_reserved` "
              "over the timed steps (cached and fragmented blocks, and a captured step's whole graph pool, "
              "included; – where not measured); speedup = PyG time / gnnfuse "
-             "time; mem = gnnfuse peak / PyG peak; max rel err = max|gnnfuse - PyG| / max|PyG| of the "
+             "time; mem = gnnfuse peak / PyG peak, both cells from one run (– otherwise); max rel err = max|gnnfuse - PyG| / max|PyG| of the "
              f"eval-mode forward (flagged above {REL_ERR_LIMIT:g}). Loss: PyG's steps use torch's "
              "`F.cross_entropy(out[train_idx], y[train_idx])`; gnnfuse's, in cells measured from commit ce793c6 "
              "on, `gnnfuse.nn.functional.cross_entropy(out, y[train_idx], rows=train_idx)` (the loss "
