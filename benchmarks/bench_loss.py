@@ -130,7 +130,8 @@ def markdown(results: dict[str, Any]) -> str:
                      f"{ms(cell['gnnfuse']['replayed_ms'])} | {ratio(cell['speedup_replayed'])} | "
                      f"{gb(cell['torch'].get('peak_gb'))} / {gb(cell['gnnfuse'].get('peak_gb'))} | "
                      f"{diff(cell['loss_rel_diff'])} / {diff(cell['grad_rel_diff'])} | "
-                     f"{diff(cell['torch'].get('replayed_rel_diff'))} / {diff(cell['gnnfuse'].get('replayed_rel_diff'))} |")
+                     f"{diff(cell['torch'].get('replayed_rel_diff'))} / "
+                     f"{diff(cell['gnnfuse'].get('replayed_rel_diff'))} |")
     return "\n".join(lines) + "\n"
 
 
