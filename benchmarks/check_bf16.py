@@ -32,7 +32,7 @@ def rel(a, b):
 def main() -> int:
     data = power_law_graph(50_000, 400_000, 64, 8)
     graph = data.graph.to("cuda")
-    worst = 0.0
+    passed = True
     for name, make in (("gcn", lambda: gnn.GCNConv(64, 32)), ("gat", lambda: gnn.GATConv(64, 8, heads=4))):
         torch.manual_seed(0)
         layer = make().cuda()
@@ -40,10 +40,10 @@ def main() -> int:
         ref_out, ref_grad = run(layer, x, graph, "reference")
         out, grad = run(layer.bfloat16(), x.bfloat16(), graph, "triton")
         errors = rel(out, ref_out), rel(grad, ref_grad)
-        worst = max(worst, *errors)
+        passed &= all(e < LIMIT for e in errors)      # a NaN error fails (max() would drop one listed after a number)
         print(f"{name}: bfloat16 triton vs float32 reference: output rel err {errors[0]:.2e}, "
               f"input-gradient rel err {errors[1]:.2e}, output dtype {out.dtype}")
-    return 0 if worst < LIMIT else 1
+    return 0 if passed else 1
 
 
 if __name__ == "__main__":
