@@ -291,6 +291,36 @@ def test_positions_that_only_line_up_lists_of_the_same_neighbours_are_traced():
     check_against(gnnfuse.vertex(_aligned_by_position)(g, {"h": h}), expected, h)
 
 
+POSITION_WEIGHTS = torch.tensor([1.0, 2.0, 3.0, 4.0], dtype=DOUBLE)
+
+
+def _weight_by_enumerate_position(v):
+    return sum([u.h * POSITION_WEIGHTS[j] for j, u in enumerate(v.innbs)])
+
+
+def _weight_by_range_position(v):
+    hs = [u.h for u in v.innbs]
+    return sum([hs[i] * WEIGHTS[i] for i in range(len(v.innbs))])
+
+
+def _lane_by_position(v):
+    return sum([u.h[j] for j, u in enumerate(v.innbs)])
+
+
+@pytest.mark.parametrize("fn, text, message", [
+    (_weight_by_enumerate_position, "POSITION_WEIGHTS[j]", "position is not known"),
+    (_weight_by_range_position, "for i in range(len(v.innbs))", "a position from range"),
+    (_lane_by_position, "u.h[j]", "position is not known"),
+], ids=lambda p: p.__name__ if callable(p) else "")
+def test_a_position_indexing_something_other_than_a_neighbour_list_is_refused_at_its_line(fn, text, message):
+    """``a[i]`` lines up lists built from the same neighbours, whose one traced item is
+    the same neighbour's; a position indexing anything else -- per-position weights
+    ``W[i]``, a feature lane ``u.h[j]`` -- read position 0 for every neighbour, silently
+    (vertex 1 of the test graph, in-degree 3: eager code weighs its neighbours 1, 2, 3,
+    the trace weighed each 1; 4.57 off the eager result)."""
+    assert_refused_at(fn, message, fn, text)
+
+
 def test_a_list_of_constants_built_from_the_neighbours_is_rejected():
     @gnnfuse.vertex
     def mean(v):

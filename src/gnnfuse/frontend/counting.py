@@ -392,7 +392,7 @@ def _counting_lines(tree: ast.AST, lists: set[str]) -> list[tuple[int, str]]:
                       if _steps_outside(n, node)]
         elif isinstance(node, ast.Call) and any(_passes_neighbours(a, lists) for a in node.args):
             name = _called_name(node.func)
-            if name == "enumerate" and _positions_only_index(node, parents):
+            if name == "enumerate" and _positions_only_index(node, parents, lists):
                 pass        # i only picks the same neighbour's item of another list: traced per neighbour
             elif name in _ONE_PASS_CALLS:
                 found.append((node.lineno, _ONE_PASS_CALLS[name]))
@@ -411,7 +411,7 @@ def _counting_lines(tree: ast.AST, lists: set[str]) -> list[tuple[int, str]]:
         if _degree_as_a_number(node, lists, parents, degrees):
             found.append((node.lineno, _DEGREE_NUMBER))
         if (isinstance(node, (ast.For, ast.comprehension)) and _over_degree_range(node.iter, lists, degrees)
-                and not _positions_only_index(node.iter, parents, whole_target=True)):
+                and not _positions_only_index(node.iter, parents, lists, whole_target=True)):
             found.append((getattr(node, "lineno", node.iter.lineno), _POSITIONS))
         for test in _truth_tests(node):
             if _built_from_neighbours(test, lists):
@@ -882,11 +882,15 @@ def _over_degree_range(expr: ast.expr, lists: set[str], degrees: set[str] = froz
     return _is_degree_call(bound, lists) or (isinstance(bound, ast.Name) and bound.id in degrees)
 
 
-def _positions_only_index(call: ast.Call, parents: dict[ast.AST, ast.AST], whole_target: bool = False) -> bool:
+def _positions_only_index(call: ast.Call, parents: dict[ast.AST, ast.AST], lists: set[str],
+                          whole_target: bool = False) -> bool:
     """``for i, u in enumerate(v.innbs)`` or ``for i in range(len(v.innbs))`` (a loop or
     comprehension; ``whole_target``: the target is ``i`` itself) whose ``i`` is used only
-    as a subscript, ``a[i]``: it lines up lists built from the same neighbours (their one
-    traced item at trace time). Arithmetic on ``i`` needs real positions."""
+    as a subscript of a list built from the neighbours, ``a[i]``: it lines up lists built
+    from the same neighbours (their one traced item at trace time). Arithmetic on ``i``
+    needs real positions, and so does a subscript of anything else -- a list or tensor of
+    per-position weights ``W[i]``, a feature lane ``u.h[i]`` -- which the trace would read
+    at position 0 for every neighbour."""
     owner = parents.get(call)
     if not isinstance(owner, (ast.For, ast.comprehension)) or owner.iter is not call:
         return False
@@ -903,7 +907,8 @@ def _positions_only_index(call: ast.Call, parents: dict[ast.AST, ast.AST], whole
         index = target.elts[0].id
     scope = parents.get(owner) if isinstance(owner, ast.comprehension) else owner
     uses = [n for n in ast.walk(scope) if isinstance(n, ast.Name) and n.id == index and isinstance(n.ctx, ast.Load)]
-    return all(isinstance(parents.get(n), ast.Subscript) and parents[n].slice is n for n in uses)
+    return all(isinstance(parents.get(n), ast.Subscript) and parents[n].slice is n
+               and _built_from_neighbours(parents[n].value, lists) for n in uses)
 
 
 # functions that take an int argument through ``__index__`` (a size, a position, a digit
