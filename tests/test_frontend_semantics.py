@@ -138,6 +138,10 @@ def _by_position(v):
     return sum([u.h * (i + 1) for i, u in enumerate(v.innbs)])
 
 
+def _first_by_position(v):
+    return sum([u.h if j == 0 else 0 * u.h for j, u in enumerate(v.innbs)])
+
+
 def _pairs(v):
     return sum([u.h * w.h for u in v.innbs for w in v.innbs])
 
@@ -203,6 +207,7 @@ def _compared_with_empty(v):
     (_centre_repeated, "sum([v.h for u", "do not come from the neighbour"),
     (_compared_with_empty, "nb != []", "the truth of a list built from v.innbs"),
     (_by_position, "sum([u.h * (i + 1)", "enumerate"),
+    (_first_by_position, "if j == 0 else", "position is not known"),   # was: comparing a neighbour with a vertex
     (_pairs, "sum([u.h * w.h for u", "pairs each traced neighbour with itself"),
     (_pairs_in_a_loop, "acc = acc + sum", "pairs each traced neighbour with itself"),
     (_prefix, "sum([u.h for u in v.innbs][:2])", "slicing a list built from v.innbs"),

@@ -355,7 +355,7 @@ def _counting_lines(tree: ast.AST, lists: set[str]) -> list[tuple[int, str]]:
         if isinstance(node, ast.For) and _walks_neighbours(node.iter, lists):
             derived, rebound = _per_neighbour_names(node)
             found += [(n.lineno, IDENTITY) for stmt in node.body for n in ast.walk(stmt)
-                      if _compares_vertices(n, _names(node.target))]
+                      if _compares_vertices(n, _neighbour_items(node.target, node.iter))]
             found += [(n.lineno, _LOOP) for stmt in node.body for n in ast.walk(stmt)
                       if _accumulates(n, derived, rebound)]
             found += [(n.lineno, _STOPS) for n in _statements(node.body) if isinstance(n, (ast.Break, ast.Return))]
@@ -369,8 +369,9 @@ def _counting_lines(tree: ast.AST, lists: set[str]) -> list[tuple[int, str]]:
             found += [(n.lineno, _STATEFUL) for stmt in node.body for n in ast.walk(stmt) if _steps_outside(n, node)]
         elif _is_comprehension(node) and any(_walks_neighbours(g.iter, lists) for g in node.generators):
             outer = set().union(*(_names(g.target) for g in node.generators))
+            items = set().union(*(_neighbour_items(g.target, g.iter) for g in node.generators))
             found += [(n.lineno, IDENTITY) for part in _comprehension_body(node) for n in ast.walk(part)
-                      if _compares_vertices(n, outer)]
+                      if _compares_vertices(n, items)]
             if hasattr(node, "elt") and not _reads(node.elt, outer):      # 1, ONE, -1, v.h: one per neighbour
                 found.append((node.lineno, _CONSTANTS))
             inner = [n for part in _comprehension_body(node) for n in ast.walk(part)
@@ -417,6 +418,16 @@ def _counting_lines(tree: ast.AST, lists: set[str]) -> list[tuple[int, str]]:
             if _built_from_neighbours(test, lists):
                 found.append((test.lineno, _TRUTH))
     return found
+
+
+def _neighbour_items(target: ast.expr, iterated: ast.expr) -> set[str]:
+    """The names a loop binds to a neighbour or in-edge: its target's, less the position
+    ``enumerate`` pairs them with (``j == 0`` compares a number, refused as a position, not
+    as a neighbour compared with a vertex)."""
+    if (isinstance(iterated, ast.Call) and _called_name(iterated.func) == "enumerate"
+            and isinstance(target, ast.Tuple) and target.elts):
+        return _names(target) - _names(target.elts[0])
+    return _names(target)
 
 
 def _compares_vertices(node: ast.AST, items: set[str]) -> bool:
