@@ -326,6 +326,38 @@ def test_a_position_indexing_something_other_than_a_neighbour_list_is_refused_at
     assert_refused_at(fn, message, fn, text)
 
 
+def _closures_kept(v):
+    scaled = [lambda: u.h * 2.0 for u in v.innbs]
+    return sum([f() for f in scaled])
+
+
+def _closures_appended(v):
+    fs = []
+    for u in v.innbs:
+        def message():
+            return u.h * 2.0
+        fs.append(message)
+    return sum([f() for f in fs])
+
+
+def _closures_bound_now(v):
+    return sum([f() for f in [lambda u=u: u.h * 2.0 for u in v.innbs]]) + sum([(lambda: u.h)() for u in v.innbs])
+
+
+def test_a_closure_over_the_neighbour_called_after_the_loop_is_refused_at_its_line():
+    """Python looks a closure's free name up when it is called: functions made per
+    neighbour and called after the loop all read the last neighbour in eager code
+    (vertex 1 of the test graph, in-degree 3: 3 x 2 h[2], not 2 (h[0] + 2 h[2])), while
+    the trace summed each neighbour's, 2.18 off eager code, silently. A default
+    (``lambda u=u:``) or a call where the lambda is made reads the current neighbour and
+    is traced."""
+    assert_refused_at(_closures_kept, "late binding", _closures_kept, "lambda: u.h * 2.0")
+    assert_refused_at(_closures_appended, "late binding", _closures_appended, "def message():")
+    g, h = graph(), features()
+    summed = lambda x: torch.zeros_like(x).index_add(0, g.dst, x[g.src])    # noqa: E731
+    check_against(gnnfuse.vertex(_closures_bound_now)(g, {"h": h}), lambda x: 3 * summed(x), h)
+
+
 def test_a_list_of_constants_built_from_the_neighbours_is_rejected():
     @gnnfuse.vertex
     def mean(v):

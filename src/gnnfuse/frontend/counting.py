@@ -367,6 +367,7 @@ def _counting_lines(tree: ast.AST, lists: set[str]) -> list[tuple[int, str]]:
             found += [(line, _LAST) for line in _read_after(node, derived, tree)]
             found += [(line, _CARRIED) for line in _carried(node, derived)]
             found += [(n.lineno, _STATEFUL) for stmt in node.body for n in ast.walk(stmt) if _steps_outside(n, node)]
+            found += [(line, _LATE) for line in _late_bound(list(_own_scope(node.body)), derived, node, parents)]
         elif _is_comprehension(node) and any(_walks_neighbours(g.iter, lists) for g in node.generators):
             outer = set().union(*(_names(g.target) for g in node.generators))
             items = set().union(*(_neighbour_items(g.target, g.iter) for g in node.generators))
@@ -391,6 +392,8 @@ def _counting_lines(tree: ast.AST, lists: set[str]) -> list[tuple[int, str]]:
                       for message in _fills(n, outer)]
             found += [(n.lineno, _STATEFUL) for part in _comprehension_body(node) for n in ast.walk(part)
                       if _steps_outside(n, node)]
+            found += [(line, _LATE) for line in _late_bound(
+                [n for part in _comprehension_body(node) for n in ast.walk(part)], outer, node, parents)]
         elif isinstance(node, ast.Call) and any(_passes_neighbours(a, lists) for a in node.args):
             name = _called_name(node.func)
             if name == "enumerate" and _positions_only_index(node, parents, lists):
@@ -701,6 +704,46 @@ def _carried(loop: ast.For, derived: set[str]) -> list[int]:
         if name in carried and not any(id(a) in writers and not isinstance(a, ast.NamedExpr) for a in chain):
             lines.append(node.lineno)
     return lines + [n.lineno for n in _own_scope(loop.body) if _carries(n, derived)]
+
+
+def _late_bound(nodes: list[ast.AST], names: set[str], scope: ast.AST, parents: dict[ast.AST, ast.AST]
+                ) -> list[int]:
+    """Lines of a function or lambda defined among ``nodes`` (the body of ``scope``, a loop
+    or comprehension over the neighbours) that reads one of ``names`` (per-neighbour values)
+    as a free variable and is kept to be called later (``fs = [lambda: u.h for u in
+    v.innbs]``, ``fs.append(f)``): Python looks the name up when it is called, after the
+    loop, so eager code gives every such function the last neighbour's value, the trace its
+    one symbolic neighbour. One called where it is made -- ``(lambda: u.h)()``, a lambda
+    passed to a call other than ``append``/``extend``/``insert``, a ``def`` only called
+    inside the loop -- and one taking the value as a default (``lambda u=u: u.h``) read the
+    current neighbour, as the trace does."""
+    lines = []
+    end = (scope.end_lineno, scope.end_col_offset)
+    for node in nodes:
+        if not isinstance(node, (ast.Lambda, ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        free = names - {a.arg for a in (*node.args.posonlyargs, *node.args.args, *node.args.kwonlyargs,
+                                        *filter(None, (node.args.vararg, node.args.kwarg)))}
+        if not any(_reads(part, free) for part in (node.body if isinstance(node.body, list) else [node.body])):
+            continue
+        user = parents.get(node)
+        if isinstance(node, ast.Lambda):
+            if isinstance(user, ast.Call) and (user.func is node or (node in user.args and not _fill_call(user))):
+                continue
+        else:
+            uses = [n for n in ast.walk(_root(scope, parents)) if isinstance(n, ast.Name) and n.id == node.name
+                    and isinstance(n.ctx, ast.Load)]
+            if all(isinstance(parents.get(n), ast.Call) and parents[n].func is n and (n.lineno, n.col_offset) < end
+                   for n in uses):
+                continue
+        lines.append(node.lineno)
+    return lines
+
+
+def _root(node: ast.AST, parents: dict[ast.AST, ast.AST]) -> ast.AST:
+    while node in parents:
+        node = parents[node]
+    return node
 
 
 def _carries(node: ast.AST, derived: set[str]) -> bool:
@@ -1046,6 +1089,11 @@ _LAST = ("a name bound in a loop or comprehension over v.innbs / v.inedges to a 
          "variable, m = u.h @ W, acc = acc + u.h), read after it: the traced loop runs once, so it holds one "
          "symbolic neighbour's value where eager code has the last neighbour's or a running total; aggregate "
          "every neighbour with sum/max/min over a list built from v.innbs")
+_LATE = ("a function or lambda defined in a loop or comprehension over v.innbs / v.inedges that reads the "
+         "neighbour (or a value made from it) as a free variable and is called after the pass: Python looks the "
+         "name up at the call, so eager code gives every such function the last neighbour's value (late "
+         "binding), the trace its one symbolic neighbour; pass the value in as a default (lambda u=u: u.h) or "
+         "compute it in the loop")
 _CARRIED = ("a value an earlier pass of a loop over v.innbs / v.inedges left (a running total, the previous "
             "neighbour's value, a walrus carried from one neighbour to the next) used in the loop: the traced loop "
             "runs once, for one symbolic neighbour, so it holds the value from before the loop where eager code "
