@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import inspect
 import itertools
+import math
 import operator
 import types
 
@@ -142,6 +143,15 @@ def _first_by_position(v):
     return sum([u.h if j == 0 else 0 * u.h for j, u in enumerate(v.innbs)])
 
 
+def _product(v):
+    return 1.0 - math.prod([1.0 - torch.sigmoid(u.h) for u in v.innbs])
+
+
+def _product_per_edge(v):
+    hs = [u.h for u in v.innbs]
+    return sum([u.h * math.prod(hs) for u in v.innbs])
+
+
 def _pairs(v):
     return sum([u.h * w.h for u in v.innbs for w in v.innbs])
 
@@ -208,6 +218,8 @@ def _compared_with_empty(v):
     (_compared_with_empty, "nb != []", "the truth of a list built from v.innbs"),
     (_by_position, "sum([u.h * (i + 1)", "enumerate"),
     (_first_by_position, "if j == 0 else", "position is not known"),   # was: comparing a neighbour with a vertex
+    (_product, "math.prod(", "a product over the neighbours"),   # was an unclear 'output is SRC'
+    (_product_per_edge, "math.prod(hs)", "a product over the neighbours"),   # was u.h * u.h summed, silently
     (_pairs, "sum([u.h * w.h for u", "pairs each traced neighbour with itself"),
     (_pairs_in_a_loop, "acc = acc + sum", "pairs each traced neighbour with itself"),
     (_prefix, "sum([u.h for u in v.innbs][:2])", "slicing a list built from v.innbs"),

@@ -1127,6 +1127,8 @@ _ONE_PASS_CALLS = {
         (("islice", "takewhile", "dropwhile", "next", "iter", "reversed", "sorted", "combinations",
           "permutations", "product", "pairwise", "accumulate", "reduce"),
          "an order, a prefix or a pairing of neighbours is not known; aggregate every neighbour (sum, max, min)"),
+        (("prod",), "a product over the neighbours would be the one traced neighbour's value; aggregate with sum, "
+                    "max or min (a product of positive values: torch.exp(sum([torch.log(x) for ...])))"),
         (("cat", "concat", "concatenate", "stack", "hstack", "vstack", "tensor", "as_tensor"),
          "it would stack one traced neighbour, not every neighbour; aggregate every neighbour (sum, max, min)"))
     for name in names}
