@@ -287,6 +287,33 @@ def _first_neighbour(v):
     return v.innbs[0].h + sum([u.h for u in v.innbs])
 
 
+def _first_by_getitem(v):
+    return sum([u.h * operator.getitem(v.innbs, 0).h for u in v.innbs])
+
+
+def _first_by_dunder(v):
+    hs = [u.h for u in v.innbs]
+    return sum([u.h * hs.__getitem__(0) for u in v.innbs])
+
+
+def _first_by_getattr(v):
+    nb = getattr(v, "innbs")
+    return sum([u.h * nb[0].h for u in nb])
+
+
+@pytest.mark.parametrize("fn, text, message", [
+    (_first_by_getitem, "operator.getitem(v.innbs, 0)", "getitem\\(\\) over v.innbs"),
+    (_first_by_dunder, "hs.__getitem__(0)", "indexing or slicing"),
+    (_first_by_getattr, "nb[0].h", "indexing or slicing"),
+], ids=lambda p: p.__name__ if callable(p) else "")
+def test_the_first_neighbour_spelled_without_a_subscript_is_refused_at_its_line(fn, text, message):
+    """``operator.getitem(v.innbs, 0)``, ``hs.__getitem__(0)`` and ``getattr(v, "innbs")[0]``
+    are ``v.innbs[0]``: inside the loop they gave the traced neighbour itself, so every
+    neighbour was multiplied by its own value instead of the first's, silently (2.37 off
+    eager code on a 5-vertex graph)."""
+    assert_refused_at(fn, message, fn, text)
+
+
 def test_a_range_position_used_as_a_number_and_the_first_neighbour_are_refused():
     for fn, message in ((_position_as_a_number, "a position from range"), (_first_neighbour, "indexing or slicing")):
         with pytest.raises(CompileError, match=message):

@@ -412,6 +412,9 @@ def _counting_lines(tree: ast.AST, lists: set[str]) -> list[tuple[int, str]]:
         if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in _REORDERING
                 and _built_from_neighbours(node.func.value, lists)):
             found.append((node.lineno, _REORDERS))
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "__getitem__"
+                and _built_from_neighbours(node.func.value, lists)):
+            found.append((node.lineno, _SLICED))       # nb.__getitem__(0): nb[0] spelled out
         if _degree_as_a_number(node, lists, parents, degrees):
             found.append((node.lineno, _DEGREE_NUMBER))
         if (isinstance(node, (ast.For, ast.comprehension)) and _over_degree_range(node.iter, lists, degrees)
@@ -477,7 +480,10 @@ def _walks_neighbours(expr: ast.expr, lists: set[str]) -> bool:
 
 
 def _is_neighbour_list(expr: ast.expr) -> bool:
-    """``v.innbs`` / ``v.inedges`` itself."""
+    """``v.innbs`` / ``v.inedges`` itself, also spelled ``getattr(v, "innbs")``."""
+    if isinstance(expr, ast.Call) and _called_name(expr.func) == "getattr" and len(expr.args) >= 2:
+        name = expr.args[1]
+        return isinstance(name, ast.Constant) and name.value in NEIGHBOUR_LISTS
     return isinstance(expr, ast.Attribute) and expr.attr in NEIGHBOUR_LISTS
 
 
@@ -1125,7 +1131,7 @@ _ONE_PASS_CALLS = {
         (("enumerate",), "a neighbour's position is not known (every vertex's neighbours would be numbered 0)"),
         (("map", "filter"), "write a comprehension ([f(u) for u in v.innbs]), which gnnfuse traces per neighbour"),
         (("islice", "takewhile", "dropwhile", "next", "iter", "reversed", "sorted", "combinations",
-          "permutations", "product", "pairwise", "accumulate", "reduce"),
+          "permutations", "product", "pairwise", "accumulate", "reduce", "getitem", "deque"),
          "an order, a prefix or a pairing of neighbours is not known; aggregate every neighbour (sum, max, min)"),
         (("prod",), "a product over the neighbours would be the one traced neighbour's value; aggregate with sum, "
                     "max or min (a product of positive values: torch.exp(sum([torch.log(x) for ...])))"),
