@@ -350,7 +350,7 @@ def _passes_neighbours(expr: ast.expr, lists: set[str]) -> bool:
 def _counting_lines(tree: ast.AST, lists: set[str]) -> list[tuple[int, str]]:
     found = []
     parents = {child: parent for parent in ast.walk(tree) for child in ast.iter_child_nodes(parent)}
-    degrees = _degree_names(tree, lists)
+    degrees, fixed = _degree_names(tree, lists), _constant_names(tree)
     for node in ast.walk(tree):
         if isinstance(node, ast.For) and _walks_neighbours(node.iter, lists):
             derived, rebound = _per_neighbour_names(node)
@@ -400,7 +400,8 @@ def _counting_lines(tree: ast.AST, lists: set[str]) -> list[tuple[int, str]]:
                 pass        # i only picks the same neighbour's item of another list: traced per neighbour
             elif name in _ONE_PASS_CALLS:
                 found.append((node.lineno, _ONE_PASS_CALLS[name]))
-        elif isinstance(node, ast.Subscript) and _fixed_position(node.slice) and _built_from_neighbours(node.value, lists):
+        elif isinstance(node, ast.Subscript) and _fixed_position(node.slice, fixed) \
+                and _built_from_neighbours(node.value, lists):
             found.append((node.lineno, _SLICED))       # v.innbs[0] included: the first neighbour, not traced
         elif isinstance(node, ast.Assign) and any(isinstance(t, (ast.Tuple, ast.List)) for t in node.targets) \
                 and _built_from_neighbours(node.value, lists):
@@ -587,9 +588,13 @@ def _names_of_neighbour_lists(tree: ast.AST, given: frozenset[str], listing: fro
         for node in ast.walk(tree):
             if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.NamedExpr)):
                 targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-                if isinstance(node, ast.Assign) and isinstance(node.value, ast.List) and not node.value.elts:
+                if isinstance(node, (ast.Assign, ast.AnnAssign)) and isinstance(node.value, ast.List) \
+                        and not node.value.elts:
                     continue        # msgs = []: a list only what fills it makes
-                listed = isinstance(node, (ast.Assign, ast.NamedExpr)) and _built_from_neighbours(node.value, lists)
+                if _fill_assign(node):
+                    continue        # msgs += [m]: filling, as msgs.append(m)
+                listed = isinstance(node, (ast.Assign, ast.NamedExpr, ast.AnnAssign)) and node.value is not None \
+                    and _built_from_neighbours(node.value, lists)
                 for target in targets:      # first, *rest = nb binds items, not the list; nb[0] = x binds none
                     for name, item in _bound_items(target, node.value):
                         listed_here = listed if item is None else _built_from_neighbours(item, lists)
@@ -597,6 +602,7 @@ def _names_of_neighbour_lists(tree: ast.AST, given: frozenset[str], listing: fro
                             isinstance(target, ast.Name) or item is not None)
             elif isinstance(node, ast.For) and _walks_neighbours(node.iter, lists):
                 filled |= {n.func.value.id for stmt in node.body for n in ast.walk(stmt) if _fill_call(n)}
+                filled |= {n.target.id for stmt in node.body for n in ast.walk(stmt) if _fill_assign(n)}
         found = {name for name, listed in assigned.items() if listed} | {n for n in filled if assigned.get(n, True)}
         if found <= lists:
             return lists
@@ -647,6 +653,12 @@ def _bound_names(target: ast.expr) -> set[str]:
     if isinstance(target, (ast.Tuple, ast.List)):
         return set().union(*(_bound_names(t) for t in target.elts))
     return _bound_names(target.value) if isinstance(target, ast.Starred) else set()
+
+
+def _fill_assign(node: ast.AST) -> bool:
+    """``name += [x]`` (or a tuple display): a list filled as ``name.append(x)`` fills it."""
+    return (isinstance(node, ast.AugAssign) and isinstance(node.op, ast.Add) and isinstance(node.target, ast.Name)
+            and isinstance(node.value, (ast.List, ast.Tuple)))
 
 
 def _fill_call(node: ast.AST) -> bool:
@@ -929,8 +941,15 @@ def _built_from_neighbours(expr: ast.expr, names: set[str]) -> bool:
         return any(_walks_neighbours(g.iter, names) for g in expr.generators)
     if isinstance(expr, ast.Call) and _called_name(expr.func) == "zip":      # zip(v.innbs, v.inedges)
         return any(_built_from_neighbours(a, names) for a in expr.args)
-    return (isinstance(expr, ast.Call) and _called_name(expr.func) in ("list", "tuple")
-            and len(expr.args) == 1 and _built_from_neighbours(expr.args[0], names))
+    if isinstance(expr, ast.IfExp):     # hs = [u.h for u in v.innbs] if cond else []
+        return _built_from_neighbours(expr.body, names) or _built_from_neighbours(expr.orelse, names)
+    if (isinstance(expr, ast.Call) and isinstance(expr.func, ast.Attribute) and expr.func.attr == "copy"
+            and not expr.args and _built_from_neighbours(expr.func.value, names)):
+        return True                     # hs.copy()
+    return (isinstance(expr, ast.Call) and _called_name(expr.func) in ("list", "tuple") and len(expr.args) == 1
+            and (_built_from_neighbours(expr.args[0], names) or (     # list(u.h for u in v.innbs)
+                isinstance(expr.args[0], ast.GeneratorExp)
+                and any(_walks_neighbours(g.iter, names) for g in expr.args[0].generators))))
 
 
 def _over_degree_range(expr: ast.expr, lists: set[str], degrees: set[str] = frozenset()) -> bool:
@@ -1041,13 +1060,31 @@ def _degree_as_a_number(node: ast.AST, lists: set[str], parents: dict[ast.AST, a
                     for side in (parent.left, parent.right)))
 
 
-def _fixed_position(index: ast.expr) -> bool:
-    """A slice or a constant position (``[:2]``, ``[0]``, ``[-1]``): not the ``i`` of a loop
-    over ``range(len(v.innbs))``, which lines up lists built from the same neighbours
+def _fixed_position(index: ast.expr, fixed: set[str] = frozenset()) -> bool:
+    """A slice or a constant position (``[:2]``, ``[0]``, ``[-1]``, or a name ``fixed``
+    holds only such a constant: ``k = -1``, then ``[k]``): not the ``i`` of a loop over
+    ``range(len(v.innbs))``, which lines up lists built from the same neighbours
     (Seastar's GAT: ``a[i] * hu[i]``) and is traced per neighbour."""
     if isinstance(index, ast.UnaryOp):
         index = index.operand
-    return isinstance(index, (ast.Slice, ast.Constant))
+    return isinstance(index, (ast.Slice, ast.Constant)) or (isinstance(index, ast.Name) and index.id in fixed)
+
+
+def _constant_names(tree: ast.AST) -> set[str]:
+    """Names every binding of which in ``tree`` is an integer written out (``k = 0``, ``k =
+    -1``): a subscript by one is a fixed position, as ``[0]`` is."""
+    parents = {child: parent for parent in ast.walk(tree) for child in ast.iter_child_nodes(parent)}
+    constant: dict[str, bool] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Load):
+            owner = parents.get(node)
+            value = getattr(owner, "value", None) if isinstance(owner, (ast.Assign, ast.AnnAssign)) else None
+            if isinstance(value, ast.UnaryOp) and isinstance(value.op, ast.USub):
+                value = value.operand
+            written = (isinstance(value, ast.Constant) and type(value.value) is int
+                       and node in (owner.targets if isinstance(owner, ast.Assign) else [owner.target]))
+            constant[node.id] = constant.get(node.id, True) and written
+    return {name for name, only in constant.items() if only}
 
 
 def _truth_tests(node: ast.AST) -> list[ast.expr]:
