@@ -632,6 +632,14 @@ def _read_after_the_loop(v):
     return sum([m * u.h for u in v.innbs])
 
 
+def _read_in_the_loops_else(v):
+    for u in v.innbs:
+        pass
+    else:
+        last = u.s
+    return sum([w.h * last for w in v.innbs])
+
+
 def _reduced(v):
     total = functools.reduce(operator.add, [u.h for u in v.innbs])
     return sum([total * u.h for u in v.innbs])
@@ -994,6 +1002,7 @@ def test_state_carried_from_one_neighbour_to_the_next_is_rejected_at_its_line(fn
     (_inner_python_sum, "sum([sum([u.h * k", "sum/max/min of a list of one neighbour's values"),
     (_walrus_counted, "(n := n + 1)", "counting in a Python loop"),
     (_read_after_the_loop, "sum([m * u.h", "read after it"),
+    (_read_in_the_loops_else, "last = u.s", "read after it"),     # for-else: was each w.h * w.s summed
     (_reduced, "functools.reduce", "reduce"),
     (_reversed_list, "reversed(hs)", "reversed"),
     (_position_in_a_loop, "for i in range", "a position from range"),

@@ -682,10 +682,12 @@ def _fills(node: ast.AST, derived: set[str]) -> list[str]:
 def _read_after(scope: ast.AST, names: set[str], tree: ast.AST) -> list[int]:
     """Lines reading, after ``scope`` (a loop or comprehension over the neighbours), a name
     it bound to a per-neighbour value (``u``, ``m = u.h @ W``, ``(y := u.h)``): eager code
-    reads the last neighbour's, the trace its one symbolic neighbour. A name bound again
-    after the scope (another loop's ``u``) is not followed."""
+    reads the last neighbour's, the trace its one symbolic neighbour. A loop's ``else:``
+    block runs after its last pass too. A name bound again after the scope (another
+    loop's ``u``) is not followed."""
     end = (scope.end_lineno, scope.end_col_offset)
-    after = [n for n in ast.walk(tree) if isinstance(n, ast.Name) and (n.lineno, n.col_offset) > end]
+    orelse = [n for stmt in getattr(scope, "orelse", []) for n in ast.walk(stmt) if isinstance(n, ast.Name)]
+    after = orelse + [n for n in ast.walk(tree) if isinstance(n, ast.Name) and (n.lineno, n.col_offset) > end]
     again = {n.id for n in after if not isinstance(n.ctx, ast.Load)}
     return [n.lineno for n in after if isinstance(n.ctx, ast.Load) and n.id in names - again]
 
