@@ -334,6 +334,43 @@ def test_a_fixed_position_of_a_neighbour_list_built_or_indexed_other_ways_is_ref
     assert_refused_at(fn, "indexing or slicing a list built from v.innbs", fn, "sum([u.h * ss[")
 
 
+def _matched_empty(v):
+    hs = [u.h for u in v.innbs]
+    match hs:
+        case []:
+            return v.h
+        case _:
+            return sum(hs)
+
+
+def _matched_first(v):
+    match v.innbs:
+        case [first, *_]:
+            pick = first.h
+        case _:
+            pick = v.h
+    return sum([u.h * pick for u in v.innbs])
+
+
+def _isolated_by_arithmetic(v):
+    has = min(len(v.innbs), 1)
+    return sum([u.h for u in v.innbs]) + (1 - has) * v.h
+
+
+def test_a_match_on_a_neighbour_list_is_refused_and_the_advised_arithmetic_traces():
+    """A ``match`` statement sees the trace's one-item list: ``case []`` never matched, so
+    the isolated vertex got 0 for eager code's ``v.h``, and ``case [first, *_]`` bound the
+    traced neighbour (0.89 / 1.64 off eager code in a 5-vertex repro), silently. Refused at
+    the ``match`` line; the refusal's advice -- and the truth test's, which suggested
+    ``torch.where``, itself refused on a comparison -- is in-degree arithmetic, checked here."""
+    assert_refused_at(_matched_empty, "match on a list built from v.innbs", _matched_empty, "match hs:")
+    assert_refused_at(_matched_first, "match on a list built from v.innbs", _matched_first, "match v.innbs:")
+    g, h = graph(), features()
+    degree = torch.bincount(g.dst, minlength=5).unsqueeze(1)
+    check_against(gnnfuse.vertex(_isolated_by_arithmetic)(g, {"h": h}),
+                  lambda x: torch.zeros_like(x).index_add(0, g.dst, x[g.src]) + (degree == 0) * x, h)
+
+
 def _first_by_getitem(v):
     return sum([u.h * operator.getitem(v.innbs, 0).h for u in v.innbs])
 

@@ -424,6 +424,8 @@ def _counting_lines(tree: ast.AST, lists: set[str]) -> list[tuple[int, str]]:
         for test in _truth_tests(node):
             if _built_from_neighbours(test, lists):
                 found.append((test.lineno, _TRUTH))
+        if isinstance(node, ast.Match) and _built_from_neighbours(node.subject, lists):
+            found.append((node.lineno, _MATCHED))
     return found
 
 
@@ -1161,8 +1163,14 @@ _REORDERS = ("pop, remove, reverse, sort, insert, index or count on a list built
              "every neighbour (sum, max, min)")
 _DEGREE_NUMBER = ("len(v.innbs) taken as a Python int other than in range(len(v.innbs)) (another range, a "
                   "repeated list, an index) is 1 at trace time; use it in tensor arithmetic")
+# what the refusals of a list's truth and of a match suggest (torch.where of a comparison is refused too)
+_WITHOUT_IN_EDGES = ("for vertices without in-edges use arithmetic on the in-degree: has = min(len(v.innbs), 1), "
+                     "then sum([...]) + (1 - has) * v.h")
 _TRUTH = ("the truth of a list built from v.innbs / v.inedges (if nb:, nb and ...) is True at trace time for "
-          "every vertex, even one without neighbours; test len(v.innbs) in torch.where instead")
+          "every vertex, even one without neighbours; " + _WITHOUT_IN_EDGES)
+_MATCHED = ("match on a list built from v.innbs / v.inedges: at trace time it holds one symbolic neighbour, so "
+            "a pattern sees one item for every vertex (case [] never matches, case [first, *rest] binds the traced "
+            "neighbour as the first); aggregate every neighbour (sum, max, min); " + _WITHOUT_IN_EDGES)
 _REORDERING = ("pop", "remove", "reverse", "sort", "insert", "index", "count")
 _ONE_PASS_CALLS = {
     name: f"{name}() over v.innbs / v.inedges sees one traced neighbour; {advice}"
