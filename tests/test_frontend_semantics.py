@@ -334,6 +334,33 @@ def test_a_fixed_position_of_a_neighbour_list_built_or_indexed_other_ways_is_ref
     assert_refused_at(fn, "indexing or slicing a list built from v.innbs", fn, "sum([u.h * ss[")
 
 
+def _prefix_by_a_slice_object(v):
+    hs = [u.h for u in v.innbs]
+    return sum(hs[slice(2)])
+
+
+def _first_or_last_by_a_conditional(v):
+    ss = [u.s for u in v.innbs]
+    return sum([u.h * ss[0 if v is not None else -1] for u in v.innbs])
+
+
+def _first_through_the_list_class(v):
+    ss = [u.s for u in v.innbs]
+    return sum([u.h * list.__getitem__(ss, 0) for u in v.innbs])
+
+
+@pytest.mark.parametrize("fn, text", [
+    (_prefix_by_a_slice_object, "hs[slice(2)]"),
+    (_first_or_last_by_a_conditional, "ss[0 if v is not None else -1]"),
+    (_first_through_the_list_class, "list.__getitem__(ss, 0)"),
+], ids=lambda p: p.__name__ if callable(p) else "")
+def test_a_fixed_position_written_as_a_slice_object_a_conditional_or_a_class_call_is_refused(fn, text):
+    """``hs[slice(2)]``, ``ss[0 if c else -1]`` and ``list.__getitem__(ss, 0)`` are
+    ``hs[:2]`` and ``ss[0]``: they read the trace's one-item list (1.52 / 2.37 off eager
+    code in a 5-vertex repro), silently."""
+    assert_refused_at(fn, "indexing or slicing a list built from v.innbs", fn, text)
+
+
 def _matched_empty(v):
     hs = [u.h for u in v.innbs]
     match hs:

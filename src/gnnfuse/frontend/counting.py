@@ -414,8 +414,9 @@ def _counting_lines(tree: ast.AST, lists: set[str]) -> list[tuple[int, str]]:
                 and _built_from_neighbours(node.func.value, lists)):
             found.append((node.lineno, _REORDERS))
         if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "__getitem__"
-                and _built_from_neighbours(node.func.value, lists)):
-            found.append((node.lineno, _SLICED))       # nb.__getitem__(0): nb[0] spelled out
+                and (_built_from_neighbours(node.func.value, lists)
+                     or (node.args and _built_from_neighbours(node.args[0], lists)))):
+            found.append((node.lineno, _SLICED))       # nb.__getitem__(0), list.__getitem__(nb, 0): nb[0]
         if _degree_as_a_number(node, lists, parents, degrees):
             found.append((node.lineno, _DEGREE_NUMBER))
         if (isinstance(node, (ast.For, ast.comprehension)) and _over_degree_range(node.iter, lists, degrees)
@@ -1071,7 +1072,10 @@ def _fixed_position(index: ast.expr, fixed: set[str] = frozenset()) -> bool:
     (Seastar's GAT: ``a[i] * hu[i]``) and is traced per neighbour."""
     if isinstance(index, ast.UnaryOp):
         index = index.operand
-    return isinstance(index, (ast.Slice, ast.Constant)) or (isinstance(index, ast.Name) and index.id in fixed)
+    if isinstance(index, ast.IfExp):        # [0 if c else -1]
+        return _fixed_position(index.body, fixed) and _fixed_position(index.orelse, fixed)
+    return (isinstance(index, (ast.Slice, ast.Constant)) or (isinstance(index, ast.Name) and index.id in fixed)
+            or (isinstance(index, ast.Call) and _called_name(index.func) == "slice"))      # [slice(2)]
 
 
 def _constant_names(tree: ast.AST) -> set[str]:
