@@ -194,6 +194,11 @@ def _zip_with_positions(v):
     return sum([u.h * k for u, k in zip(v.innbs, range(1, 100))])
 
 
+def _zip_with_a_shifted_list(v):
+    hs = [u.h for u in v.innbs]
+    return sum([u.s * h for u, h in zip(v.innbs, [v.h] + hs)])
+
+
 def _if_any_neighbour(v):
     nb = [u.h for u in v.innbs]
     return sum(nb) if nb else v.h + 100.0
@@ -228,6 +233,7 @@ def _compared_with_empty(v):
     (_count_with_a_tensor, "n = n + ONE", "counting in a Python loop"),
     (_count_with_map, "map(lambda", "map"),
     (_zip_with_positions, "zip(v.innbs, range", "zip"),
+    (_zip_with_a_shifted_list, "zip(v.innbs, [v.h] + hs)", "one item each"),   # paired each u with its own h
     (_if_any_neighbour, "sum(nb) if nb else", "the truth of a list built from v.innbs"),
 ], ids=lambda p: p.__name__ if callable(p) else "")
 def test_python_that_depends_on_the_neighbour_count_or_order_is_rejected_at_its_line(fn, text, message):

@@ -395,11 +395,11 @@ def _zip(tracer: Tracer, walks: _Walks):
     over it is a pass per neighbour (`_aligned`)."""
     def zipped(*iterables, **kwargs):
         if any(_neighbour_list(x) for x in iterables):
-            if not all(_neighbour_list(x) for x in iterables):
+            if not all(_one_per_neighbour(x) for x in iterables):
                 raise tracer.error("zip() of v.innbs / v.inedges with something not built from the same "
-                                   "neighbours (range, count, a list of values) pairs the one traced neighbour "
-                                   "with its first item; zip lists of the same neighbours only "
-                                   "(zip(v.innbs, v.inedges))")
+                                   "neighbours one item each (range, count, a list of values, a neighbour list "
+                                   "joined with other items) pairs the one traced neighbour with its first item; "
+                                   "zip lists of the same neighbours only (zip(v.innbs, v.inedges))")
             return _aligned(walks, _BUILTINS["zip"](*iterables, **kwargs))
         return _BUILTINS["zip"](*iterables, **kwargs)
     return zipped
@@ -489,6 +489,14 @@ def _in_helpers(counting: Mapping[str, Callable]):
 def _neighbour_list(obj) -> bool:
     """``v.innbs`` / ``v.inedges``, or a list or tuple built from its traced neighbour."""
     return isinstance(obj, _Neighbours) or (isinstance(obj, (list, tuple)) and any(_from_neighbour(x) for x in obj))
+
+
+def _one_per_neighbour(obj) -> bool:
+    """``v.innbs`` / ``v.inedges``, or a list or tuple built from them one item per
+    neighbour: at trace time exactly one item, from the traced neighbour. ``[v.h] + hs``
+    also holds it, but eager code's zip would pair each neighbour with the item before it."""
+    return isinstance(obj, _Neighbours) or (isinstance(obj, (list, tuple)) and len(obj) == 1
+                                            and _from_neighbour(obj[0]))
 
 
 def _holds_neighbours(obj) -> bool:
