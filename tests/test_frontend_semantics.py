@@ -702,6 +702,20 @@ def _read_after_the_loop(v):
     return sum([m * u.h for u in v.innbs])
 
 
+def _running_total_by_augmented_add(v):
+    acc = 0
+    for u in v.innbs:
+        acc += u.h
+    return sum([w.h * acc for w in v.innbs])
+
+
+def _running_total_in_place(v):
+    acc = v.h * 0
+    for u in v.innbs:
+        acc.add_(u.h)
+    return sum([w.h * acc for w in v.innbs])
+
+
 def _read_in_the_loops_else(v):
     for u in v.innbs:
         pass
@@ -1072,6 +1086,8 @@ def test_state_carried_from_one_neighbour_to_the_next_is_rejected_at_its_line(fn
     (_inner_python_sum, "sum([sum([u.h * k", "sum/max/min of a list of one neighbour's values"),
     (_walrus_counted, "(n := n + 1)", "counting in a Python loop"),
     (_read_after_the_loop, "sum([m * u.h", "read after it"),
+    (_running_total_by_augmented_add, "sum([w.h * acc", "read after it"),     # was sum(w.h * w.h), silently
+    (_running_total_in_place, "sum([w.h * acc", "read after it"),             # likewise
     (_read_in_the_loops_else, "last = u.s", "read after it"),     # for-else: was each w.h * w.s summed
     (_reduced, "functools.reduce", "reduce"),
     (_reversed_list, "reversed(hs)", "reversed"),

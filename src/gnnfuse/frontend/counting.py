@@ -545,7 +545,25 @@ def _per_neighbour_names(loop: ast.For) -> tuple[set[str], set[str]]:
                 derived |= targets
             if not (isinstance(stmt.value, ast.BinOp) and _reads(stmt.value.left, targets)):
                 rebound |= targets
+        elif (isinstance(stmt, ast.AugAssign) and isinstance(stmt.target, ast.Name) and not _fill_assign(stmt)
+              and _reads(stmt.value, derived)):
+            derived.add(stmt.target.id)         # acc += u.h: a running total, as acc = acc + u.h (hs += [m] fills)
+        elif isinstance(stmt, ast.Expr) and (written := _written_in_place(stmt.value, derived)) is not None:
+            derived.add(written)                # acc.add_(u.h): the same total, in place
     return derived, rebound
+
+
+def _written_in_place(call: ast.expr, derived: set[str]) -> str | None:
+    """The name an in-place method chain writes with a per-neighbour value (``acc.add_(u.h)``,
+    ``h.mul_(0.5).add_(u.h)``), or None."""
+    reads = False
+    while isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute):
+        method = call.func.attr
+        if not (method.endswith("_") and not method.startswith("_")):
+            return None
+        reads = reads or any(_reads(a, derived) for a in (*call.args, *(k.value for k in call.keywords)))
+        call = call.func.value
+    return call.id if reads and isinstance(call, ast.Name) else None
 
 
 def _accumulates(node: ast.AST, derived: set[str], rebound: set[str]) -> bool:
