@@ -716,6 +716,21 @@ def _running_total_in_place(v):
     return sum([w.h * acc for w in v.innbs])
 
 
+def _running_total_in_a_dict_item(v):
+    totals = {"h": 0}
+    for u in v.innbs:
+        totals["h"] += u.h
+    return sum([w.h * totals["h"] for w in v.innbs])
+
+
+def _running_total_in_an_inner_loop(v):
+    acc = 0
+    for u in v.innbs:
+        for scale in (1.0,):
+            acc += u.h * scale
+    return sum([w.h * acc for w in v.innbs])
+
+
 def _read_in_the_loops_else(v):
     for u in v.innbs:
         pass
@@ -1088,6 +1103,8 @@ def test_state_carried_from_one_neighbour_to_the_next_is_rejected_at_its_line(fn
     (_read_after_the_loop, "sum([m * u.h", "read after it"),
     (_running_total_by_augmented_add, "sum([w.h * acc", "read after it"),     # was sum(w.h * w.h), silently
     (_running_total_in_place, "sum([w.h * acc", "read after it"),             # likewise
+    (_running_total_in_a_dict_item, 'sum([w.h * totals["h"]', "read after it"),   # likewise
+    (_running_total_in_an_inner_loop, "sum([w.h * acc", "read after it"),      # likewise
     (_read_in_the_loops_else, "last = u.s", "read after it"),     # for-else: was each w.h * w.s summed
     (_reduced, "functools.reduce", "reduce"),
     (_reversed_list, "reversed(hs)", "reversed"),

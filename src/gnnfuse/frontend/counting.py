@@ -545,11 +545,15 @@ def _per_neighbour_names(loop: ast.For) -> tuple[set[str], set[str]]:
                 derived |= targets
             if not (isinstance(stmt.value, ast.BinOp) and _reads(stmt.value.left, targets)):
                 rebound |= targets
-        elif (isinstance(stmt, ast.AugAssign) and isinstance(stmt.target, ast.Name) and not _fill_assign(stmt)
-              and _reads(stmt.value, derived)):
-            derived.add(stmt.target.id)         # acc += u.h: a running total, as acc = acc + u.h (hs += [m] fills)
+    # running totals, also in a loop nested in this one: ``acc += u.h`` (``st["s"] += u.h``,
+    # ``st.t += u.h``) as ``acc = acc + u.h``, and ``acc.add_(u.h)``, the same in place
+    # (``hs += [m]`` fills a list, as ``hs.append(m)``)
+    for stmt in (n for n in _own_scope(loop.body) if isinstance(n, ast.stmt)):
+        if (isinstance(stmt, ast.AugAssign) and not _fill_assign(stmt) and _reads(stmt.value, derived)
+                and (base := _base_name(stmt.target)) is not None):
+            derived.add(base)
         elif isinstance(stmt, ast.Expr) and (written := _written_in_place(stmt.value, derived)) is not None:
-            derived.add(written)                # acc.add_(u.h): the same total, in place
+            derived.add(written)
     return derived, rebound
 
 
