@@ -731,6 +731,32 @@ def _running_total_in_an_inner_loop(v):
     return sum([w.h * acc for w in v.innbs])
 
 
+def _kept_by_an_annotated_assignment(v):
+    for u in v.innbs:
+        last: torch.Tensor = u.h
+    return sum([w.h * last for w in v.innbs])
+
+
+def _kept_in_an_inner_loop(v):
+    for u in v.innbs:
+        for scale in (1.0,):
+            last = u.h * scale
+    return sum([w.h * last for w in v.innbs])
+
+
+def _kept_by_a_walrus_statement(v):
+    for u in v.innbs:
+        (last := u.h)
+    return sum([w.h * last for w in v.innbs])
+
+
+def _kept_by_a_container_call(v):
+    box = {}
+    for u in v.innbs:
+        box.update(last=u.h)
+    return sum([w.h * box["last"] for w in v.innbs])
+
+
 def _read_in_the_loops_else(v):
     for u in v.innbs:
         pass
@@ -1105,6 +1131,10 @@ def test_state_carried_from_one_neighbour_to_the_next_is_rejected_at_its_line(fn
     (_running_total_in_place, "sum([w.h * acc", "read after it"),             # likewise
     (_running_total_in_a_dict_item, 'sum([w.h * totals["h"]', "read after it"),   # likewise
     (_running_total_in_an_inner_loop, "sum([w.h * acc", "read after it"),      # likewise
+    (_kept_by_an_annotated_assignment, "sum([w.h * last", "read after it"),   # was sum(w.h * w.h), silently
+    (_kept_in_an_inner_loop, "sum([w.h * last", "read after it"),             # likewise
+    (_kept_by_a_walrus_statement, "sum([w.h * last", "read after it"),        # likewise
+    (_kept_by_a_container_call, 'sum([w.h * box["last"]', "read after it"),   # likewise
     (_read_in_the_loops_else, "last = u.s", "read after it"),     # for-else: was each w.h * w.s summed
     (_reduced, "functools.reduce", "reduce"),
     (_reversed_list, "reversed(hs)", "reversed"),

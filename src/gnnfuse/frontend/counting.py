@@ -545,16 +545,38 @@ def _per_neighbour_names(loop: ast.For) -> tuple[set[str], set[str]]:
                 derived |= targets
             if not (isinstance(stmt.value, ast.BinOp) and _reads(stmt.value.left, targets)):
                 rebound |= targets
-    # running totals, also in a loop nested in this one: ``acc += u.h`` (``st["s"] += u.h``,
-    # ``st.t += u.h``) as ``acc = acc + u.h``, and ``acc.add_(u.h)``, the same in place
-    # (``hs += [m]`` fills a list, as ``hs.append(m)``)
-    for stmt in (n for n in _own_scope(loop.body) if isinstance(n, ast.stmt)):
-        if (isinstance(stmt, ast.AugAssign) and not _fill_assign(stmt) and _reads(stmt.value, derived)
-                and (base := _base_name(stmt.target)) is not None):
-            derived.add(base)
-        elif isinstance(stmt, ast.Expr) and (written := _written_in_place(stmt.value, derived)) is not None:
-            derived.add(written)
+    # the same values kept other ways, also in a loop nested in this one (which
+    # `_statements` leaves out for break's sake): ``last: T = u.h``, ``(last := u.h)``,
+    # ``for last in [u.h]``, a running total ``acc += u.h`` (``st["s"] += u.h``, ``st.t +=
+    # u.h``) or ``acc.add_(u.h)``, a container or object written by a call (``box.update(s=u.h)``,
+    # ``setattr(b, "s", u.h)``); ``hs += [m]`` fills a list, as ``hs.append(m)``
+    for node in _own_scope(loop.body):
+        written: set[str] = set()
+        if isinstance(node, (ast.Assign, ast.AnnAssign, ast.NamedExpr)) and node.value is not None \
+                and _reads(node.value, derived):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            written = {_base_name(t) for t in targets} | set().union(*(_names(t) for t in targets))
+        elif isinstance(node, ast.For) and _reads(node.iter, derived):
+            written = _names(node.target)
+        elif isinstance(node, ast.AugAssign) and not _fill_assign(node) and _reads(node.value, derived):
+            written = {_base_name(node.target)}
+        elif isinstance(node, ast.Expr):
+            written = {_written_in_place(node.value, derived), _written_by_call(node.value, derived)}
+        derived |= written - {None}
     return derived, rebound
+
+
+def _written_by_call(call: ast.expr, derived: set[str]) -> str | None:
+    """The name a call stores a per-neighbour value into: ``box.update(s=u.h)``,
+    ``box.__setitem__("s", u.h)``, ``box.setdefault(k, u.h)``, ``setattr(b, "s", u.h)``."""
+    if not isinstance(call, ast.Call) or not any(
+            _reads(a, derived) for a in (*call.args, *(k.value for k in call.keywords))):
+        return None
+    if isinstance(call.func, ast.Attribute) and call.func.attr in ("update", "__setitem__", "setdefault", "add"):
+        return _base_name(call.func.value)
+    if _called_name(call.func) == "setattr" and call.args:
+        return _base_name(call.args[0])
+    return None
 
 
 def _written_in_place(call: ast.expr, derived: set[str]) -> str | None:
