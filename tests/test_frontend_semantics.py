@@ -597,8 +597,23 @@ def _self_by_helper(v):
     return sum([u.h for u in v.innbs if not _is_self(u, v)])
 
 
+def _without_self_loops_by_alias(v):
+    kept = []
+    for e in v.inedges:
+        source = e.src
+        if source is not v:
+            kept.append(source.h)
+    return sum(kept)
+
+
+def _without_self_loops_by_id(v):
+    return sum([u.h for u in v.innbs if id(u) != id(v)])
+
+
 @pytest.mark.parametrize("fn, at, text", [
     (_without_self_loops, _without_self_loops, "if u is not v"),
+    (_without_self_loops_by_alias, _without_self_loops_by_alias, "if source is not v"),
+    (_without_self_loops_by_id, _without_self_loops_by_id, "if id(u) != id(v)"),
     (_other_sources, _other_sources, "if e.src != e.dst"),
     (_self_only, _self_only, "if u == v"),
     (_self_by_helper, _is_self, "return u == v"),

@@ -354,8 +354,9 @@ def _counting_lines(tree: ast.AST, lists: set[str]) -> list[tuple[int, str]]:
     for node in ast.walk(tree):
         if isinstance(node, ast.For) and _walks_neighbours(node.iter, lists):
             derived, rebound = _per_neighbour_names(node)
+            items = _item_aliases(node, _neighbour_items(node.target, node.iter))
             found += [(n.lineno, IDENTITY) for stmt in node.body for n in ast.walk(stmt)
-                      if _compares_vertices(n, _neighbour_items(node.target, node.iter))]
+                      if _compares_vertices(n, items)]
             found += [(n.lineno, _LOOP) for stmt in node.body for n in ast.walk(stmt)
                       if _accumulates(n, derived, rebound)]
             found += [(n.lineno, _STOPS) for n in _statements(node.body) if isinstance(n, (ast.Break, ast.Return))]
@@ -440,6 +441,20 @@ def _neighbour_items(target: ast.expr, iterated: ast.expr) -> set[str]:
     return _names(target)
 
 
+def _item_aliases(loop: ast.For, items: set[str]) -> set[str]:
+    """``items`` and the names the loop's body binds to one of them or its ``src`` / ``dst``
+    (``w = u``, ``s = e.src``): comparing those with ``v`` compares the neighbour too."""
+    found = set(items)
+    for node in _own_scope(loop.body):
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            value = node.value
+            if isinstance(value, ast.Attribute) and value.attr in ("src", "dst"):
+                value = value.value
+            if isinstance(value, ast.Name) and value.id in found:
+                found.add(node.targets[0].id)
+    return found
+
+
 def _compares_vertices(node: ast.AST, items: set[str]) -> bool:
     """``u is v``, ``u is not v``, ``e.src == e.dst``: a comparison, by identity or
     equality, of a loop's neighbour item (``u``, ``e``, ``e.src``, ``e.dst``) with anything
@@ -452,6 +467,9 @@ def _compares_vertices(node: ast.AST, items: set[str]) -> bool:
     operands = [node.left, *node.comparators]
     if any(isinstance(o, ast.Constant) and o.value is None for o in operands):
         return False
+    # id(u) != id(v) asks the same as u is not v
+    operands = [o.args[0] if isinstance(o, ast.Call) and _called_name(o.func) == "id" and len(o.args) == 1 else o
+                for o in operands]
     return any((isinstance(o, ast.Name) and o.id in items) or (
         isinstance(o, ast.Attribute) and o.attr in ("src", "dst") and isinstance(o.value, ast.Name)
         and o.value.id in items) for o in operands)
