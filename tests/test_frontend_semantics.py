@@ -772,6 +772,14 @@ def _kept_by_a_container_call(v):
     return sum([w.h * box["last"] for w in v.innbs])
 
 
+def _read_by_a_helper_defined_before_the_loop(v):
+    def last_seen():
+        return u.h
+    for u in v.innbs:
+        pass
+    return sum([w.h * last_seen() for w in v.innbs])
+
+
 def _read_in_the_loops_else(v):
     for u in v.innbs:
         pass
@@ -1150,6 +1158,7 @@ def test_state_carried_from_one_neighbour_to_the_next_is_rejected_at_its_line(fn
     (_kept_in_an_inner_loop, "sum([w.h * last", "read after it"),             # likewise
     (_kept_by_a_walrus_statement, "sum([w.h * last", "read after it"),        # likewise
     (_kept_by_a_container_call, 'sum([w.h * box["last"]', "read after it"),   # likewise
+    (_read_by_a_helper_defined_before_the_loop, "return u.h", "read after it"),   # was sum(w.h * w.h)
     (_read_in_the_loops_else, "last = u.s", "read after it"),     # for-else: was each w.h * w.s summed
     (_reduced, "functools.reduce", "reduce"),
     (_reversed_list, "reversed(hs)", "reversed"),

@@ -754,7 +754,38 @@ def _read_after(scope: ast.AST, names: set[str], tree: ast.AST) -> list[int]:
     orelse = [n for stmt in getattr(scope, "orelse", []) for n in ast.walk(stmt) if isinstance(n, ast.Name)]
     after = orelse + [n for n in ast.walk(tree) if isinstance(n, ast.Name) and (n.lineno, n.col_offset) > end]
     again = {n.id for n in after if not isinstance(n.ctx, ast.Load)}
-    return [n.lineno for n in after if isinstance(n.ctx, ast.Load) and n.id in names - again]
+    return [n.lineno for n in after if isinstance(n.ctx, ast.Load) and n.id in names - again] + \
+        _closure_reads(scope, names, tree)
+
+
+def _closure_reads(scope: ast.AST, names: set[str], tree: ast.AST) -> list[int]:
+    """Lines of a function or lambda defined outside ``scope`` (before the loop: ``def
+    msg(): return u.h``) that reads one of ``names`` from the enclosing function: called
+    after the loop it has the last neighbour's value in eager code (called in it, it reads
+    nothing per neighbour the loop's checks see, and a per-neighbour result is refused as
+    a count)."""
+    inside = {id(n) for n in ast.walk(scope)}
+    outermost = {id(n) for n in getattr(tree, "body", [])}
+    parents = {child: parent for parent in ast.walk(tree) for child in ast.iter_child_nodes(parent)}
+    lines = []
+    for function in ast.walk(tree):
+        if (not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)) or id(function) in inside
+                or id(function) in outermost or id(scope) in {id(n) for n in ast.walk(function)}):
+            continue
+        own = {a.arg for a in (*function.args.posonlyargs, *function.args.args, *function.args.kwonlyargs,
+                               *filter(None, (function.args.vararg, function.args.kwarg)))}
+        body = function.body if isinstance(function.body, list) else [function.body]
+        own |= {n.id for part in body for n in ast.walk(part) if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load)}
+        outer = parents.get(function)
+        while outer is not None:        # a loop or comprehension around it binds the name: its own
+            if _is_comprehension(outer):
+                own |= set().union(*(_names(g.target) for g in outer.generators))
+            elif isinstance(outer, ast.For):
+                own |= _names(outer.target)
+            outer = parents.get(outer)
+        lines += [n.lineno for part in body for n in ast.walk(part)
+                  if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load) and n.id in names - own]
+    return lines
 
 
 def _carried(loop: ast.For, derived: set[str]) -> list[int]:
