@@ -2033,7 +2033,7 @@ def test_outputs_that_view_another_output_share_its_memory_on_every_backend(back
                 torch.testing.assert_close(out[key], eager[key], rtol=0, atol=0)
     out = gnnfuse.apply_edges(g, _score_and_its_views, ndata={"h": h.clone().requires_grad_()})
     out["a"].mul_(2.0)
-    with pytest.raises(RuntimeError, match="_ProgramFunction is a view"):
+    with pytest.raises(RuntimeError, match="_ProgramFunction(Backward)? is a view"):     # torch 2.11 adds Backward
         out["b"] + 0.0
 
 
