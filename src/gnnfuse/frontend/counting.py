@@ -775,7 +775,8 @@ def _closure_reads(scope: ast.AST, names: set[str], tree: ast.AST) -> list[int]:
         own = {a.arg for a in (*function.args.posonlyargs, *function.args.args, *function.args.kwonlyargs,
                                *filter(None, (function.args.vararg, function.args.kwarg)))}
         body = function.body if isinstance(function.body, list) else [function.body]
-        own |= {n.id for part in body for n in ast.walk(part) if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load)}
+        own |= {n.id for part in body for n in ast.walk(part)
+                if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load)}
         outer = parents.get(function)
         while outer is not None:        # a loop or comprehension around it binds the name: its own
             if _is_comprehension(outer):
