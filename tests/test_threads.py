@@ -7,6 +7,7 @@ import builtins
 import pickle
 import queue
 import threading
+from typing import Callable
 
 import pytest
 import torch
@@ -79,19 +80,25 @@ class _ServedConv(torch_geometric.nn.MessagePassing):
         return self.propagate(edge_index, x=x)
 
 
+def _both_threads_in(build: Callable) -> Callable:
+    """``build``, made to wait (up to 1 s) until a second thread calls it too: where
+    nothing stops the second thread, both build."""
+    both_building = threading.Barrier(2)
+
+    def waiting(*args):
+        try:
+            both_building.wait(timeout=1)
+        except threading.BrokenBarrierError:
+            pass
+        return build(*args)
+    return waiting
+
+
 def test_threads_compiling_one_class_at_once_share_its_compiled_class(monkeypatch):
     """Two threads that first compiled a class at once each built a class of their own: the
     layers of the one that lost the race were not ``isinstance`` of ``compiled_class(cls)``,
     and pickling them failed ("it's not the same object as ...compiled:...")."""
-    build, both_building = pyg_layers._compiling_subclass, threading.Barrier(2)
-
-    def slow_build(*args):
-        try:
-            both_building.wait(timeout=1)       # where nothing stops the second, both build
-        except threading.BrokenBarrierError:
-            pass
-        return build(*args)
-    monkeypatch.setattr(pyg_layers, "_compiling_subclass", slow_build)
+    monkeypatch.setattr(pyg_layers, "_compiling_subclass", _both_threads_in(pyg_layers._compiling_subclass))
     monkeypatch.delattr(_ServedConv, "_gnnfuse_compiled_class", raising=False)
     layers = []
     threads = [threading.Thread(target=lambda: layers.append(gnnfuse.nn.compiled_class(_ServedConv)()))
@@ -113,15 +120,7 @@ def test_threads_first_asking_for_a_pyg_model_class_at_once_share_it(monkeypatch
     from torch_geometric.nn.models import basic_gnn
 
     from gnnfuse.nn import pyg_models
-    build_inference, both_building = pyg_models.inference_method, threading.Barrier(2)
-
-    def slow_build(*args):      # a step of building the class
-        try:
-            both_building.wait(timeout=1)       # where nothing stops the second, both build
-        except threading.BrokenBarrierError:
-            pass
-        return build_inference(*args)
-    monkeypatch.setattr(pyg_models, "inference_method", slow_build)
+    monkeypatch.setattr(pyg_models, "inference_method", _both_threads_in(pyg_models.inference_method))   # a build step
     monkeypatch.setattr(basic_gnn.GCN, "_gnnfuse_model_class", None, raising=False)     # built afresh, then restored
     models = []
     threads = [threading.Thread(target=lambda: models.append(gnnfuse.nn.GCN(4, 8, 2, 3))) for _ in range(2)]
