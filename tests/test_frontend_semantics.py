@@ -482,6 +482,64 @@ def test_a_position_indexing_something_other_than_a_neighbour_list_is_refused_at
     assert_refused_at(fn, message, fn, text)
 
 
+def _two_per_neighbour_comprehension(v):
+    hs = [x for u in v.innbs for x in (u.h, u.h * 2)]
+    return sum([hs[i] * w.h for i, w in enumerate(v.innbs)])
+
+
+def _two_appends_per_neighbour(v):
+    hs = []
+    for u in v.innbs:
+        hs.append(u.h)
+        hs.append(u.h * 2)
+    return sum([hs[i] * v.h for i in range(len(v.innbs))])
+
+
+def _two_added_per_neighbour(v):
+    hs = []
+    for u in v.innbs:
+        hs += [u.h, u.h * 2]
+    return sum([hs[i] * w.h for i, w in enumerate(v.innbs)])
+
+
+def _appended_in_an_inner_loop(v):
+    hs = []
+    for u in v.innbs:
+        for x in (u.h, u.h * 2):
+            hs.append(x)
+    return sum([hs[i] * w.h for i, w in enumerate(v.innbs)])
+
+
+def _eager_two_per_neighbour(g: gnnfuse.Graph, h: torch.Tensor) -> torch.Tensor:
+    """``_two_per_neighbour_comprehension`` run per vertex in plain Python: ``hs`` holds
+    2 x in-degree items, so ``hs[i]`` for ``i < deg`` mixes neighbours."""
+    out = torch.zeros_like(h)
+    for vertex in range(g.num_nodes):
+        srcs = g.src[g.dst == vertex].tolist()
+        hs = [x for u in srcs for x in (h[u], h[u] * 2)]
+        out[vertex] = sum([hs[i] * h[w] for i, w in enumerate(srcs)], torch.zeros_like(h[0]))
+    return out
+
+
+@pytest.mark.parametrize("fn, text", [
+    (_two_per_neighbour_comprehension, "hs[i] * w.h"),
+    (_two_appends_per_neighbour, "hs[i] * v.h"),
+    (_two_added_per_neighbour, "hs[i] * w.h"),
+    (_appended_in_an_inner_loop, "hs[i] * w.h"),
+], ids=lambda p: p.__name__ if callable(p) else "")
+def test_a_position_into_a_list_of_several_items_per_neighbour_is_refused_at_its_line(fn, text):
+    """``hs[i]`` lines up lists holding one item per neighbour; a list filled with two per
+    neighbour pass (two appends, ``hs += [a, b]``, an inner loop or a second ``for``
+    clause) has 2 x in-degree items in eager code, whose first in-degree ``hs[i]`` mix
+    neighbours, while the trace saw one item per pass and took the neighbour's own
+    (vertex 1 of the test graph, in-degree 3: 2.62 off the eager result, silently)."""
+    g, h = graph(), features()
+    eager = _eager_two_per_neighbour(g, h.detach())
+    traced = gnnfuse.vertex(lambda v: sum([u.h * u.h for u in v.innbs]))(g, {"h": h.detach()})   # what ran
+    assert (eager - traced).abs().max() > 1.0
+    assert_refused_at(fn, "several items per neighbour", fn, text)
+
+
 def _closures_kept(v):
     scaled = [lambda: u.h * 2.0 for u in v.innbs]
     return sum([f() for f in scaled])

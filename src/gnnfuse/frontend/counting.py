@@ -351,6 +351,7 @@ def _counting_lines(tree: ast.AST, lists: set[str]) -> list[tuple[int, str]]:
     found = []
     parents = {child: parent for parent in ast.walk(tree) for child in ast.iter_child_nodes(parent)}
     degrees, fixed = _degree_names(tree, lists), _constant_names(tree)
+    several = _several_per_neighbour(tree, lists)
     for node in ast.walk(tree):
         if isinstance(node, ast.For) and _walks_neighbours(node.iter, lists):
             derived, rebound = _per_neighbour_names(node)
@@ -418,6 +419,10 @@ def _counting_lines(tree: ast.AST, lists: set[str]) -> list[tuple[int, str]]:
                 and (_built_from_neighbours(node.func.value, lists)
                      or (node.args and _built_from_neighbours(node.args[0], lists)))):
             found.append((node.lineno, _SLICED))       # nb.__getitem__(0), list.__getitem__(nb, 0): nb[0]
+        if (isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Load)
+                and (isinstance(node.value, ast.Name) and node.value.id in several
+                     or _several_items(node.value, lists))):
+            found.append((node.lineno, _SEVERAL))      # hs[i] of 2 x deg items: not the i-th neighbour's
         if _degree_as_a_number(node, lists, parents, degrees):
             found.append((node.lineno, _DEGREE_NUMBER))
         if (isinstance(node, (ast.For, ast.comprehension)) and _over_degree_range(node.iter, lists, degrees)
@@ -1060,6 +1065,59 @@ def _over_degree_range(expr: ast.expr, lists: set[str], degrees: set[str] = froz
     return _is_degree_call(bound, lists) or (isinstance(bound, ast.Name) and bound.id in degrees)
 
 
+def _several_items(expr: ast.expr, lists: set[str]) -> bool:
+    """A comprehension (or ``list``/``tuple`` of a generator) over the neighbours with a
+    second ``for`` clause that is not a one-item display: ``[x for u in v.innbs for x in
+    (u.h, u.h * 2)]`` holds several items per neighbour (the trace sees one pass)."""
+    if isinstance(expr, ast.Call) and _called_name(expr.func) in ("list", "tuple") and len(expr.args) == 1:
+        expr = expr.args[0]
+    if not _is_comprehension(expr) or not any(_walks_neighbours(g.iter, lists) for g in expr.generators):
+        return False
+    return any(not (isinstance(g.iter, (ast.List, ast.Tuple)) and len(g.iter.elts) == 1
+                    and not isinstance(g.iter.elts[0], ast.Starred))
+               for g in expr.generators if not _walks_neighbours(g.iter, lists))
+
+
+def _several_per_neighbour(tree: ast.AST, lists: set[str]) -> set[str]:
+    """Names of lists holding more than one item per neighbour: assigned a comprehension
+    `_several_items` accepts, or filled in a loop over the neighbours with more than one
+    item a pass (two appends, ``hs += [a, b]``, an ``extend``, an append in an inner
+    loop). In eager code such a list has k x in-degree items, so ``hs[i]`` with ``i``
+    from ``enumerate(v.innbs)`` mixes neighbours; the trace's one pass cannot tell."""
+    several = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.For) and _walks_neighbours(node.iter, lists):
+            several |= {name for name, count in _filled_per_pass(node.body).items() if count > 1}
+        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.NamedExpr)) and node.value is not None \
+                and _several_items(node.value, lists):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            several |= {t.id for t in targets if isinstance(t, ast.Name)}
+    return several
+
+
+def _filled_per_pass(body: list[ast.stmt]) -> dict[str, int]:
+    """How many items, at most, ``body`` (one pass of a loop) adds to each list it fills:
+    an ``if``'s branches count apart (one append in each is one a pass); a fill in an
+    inner loop or an ``extend`` counts as several."""
+    counts: dict[str, int] = {}
+    for stmt in body:
+        if isinstance(stmt, ast.If):
+            first, second = _filled_per_pass(stmt.body), _filled_per_pass(stmt.orelse)
+            part = {name: max(first.get(name, 0), second.get(name, 0)) for name in first.keys() | second.keys()}
+        elif isinstance(stmt, (ast.For, ast.AsyncFor, ast.While)):
+            part = {name: 2 for name in _filled_per_pass(stmt.body + stmt.orelse)}
+        else:
+            part = {}
+            for n in ast.walk(stmt):
+                if _fill_call(n):
+                    part[n.func.value.id] = part.get(n.func.value.id, 0) + (2 if n.func.attr == "extend" else 1)
+                elif _fill_assign(n):
+                    part[n.target.id] = part.get(n.target.id, 0) + len(n.value.elts)
+        for name, count in part.items():
+            counts[name] = counts.get(name, 0) + count
+    return counts
+
+
 def _positions_only_index(call: ast.Call, parents: dict[ast.AST, ast.AST], lists: set[str],
                           whole_target: bool = False) -> bool:
     """``for i, u in enumerate(v.innbs)`` or ``for i in range(len(v.innbs))`` (a loop or
@@ -1214,6 +1272,9 @@ _PAIRS = ("a loop over v.innbs / v.inedges inside another pairs each traced neig
           "traced loop runs once); pairs of neighbours are not supported -- aggregate each list on its own")
 _POSITIONS = ("a position from range(len(v.innbs)) used other than to index lists of the same neighbours "
               "(a[i]) is 0 at trace time for every neighbour; aggregate every neighbour (sum, max, min)")
+_SEVERAL = ("indexing a list holding several items per neighbour of v.innbs / v.inedges (two appends or "
+            "hs += [a, b] a pass, an inner loop, a second for clause): eager code's hs[i] for i < in-degree "
+            "mixes neighbours' items, the traced pass sees one neighbour's; keep one list per kind of item")
 _SLICED = ("indexing or slicing a list built from v.innbs / v.inedges: at trace time it holds one symbolic "
            "neighbour, so a prefix or a position is not known; aggregate every neighbour (sum, max, min)")
 _PACKED = ("a list built from v.innbs / v.inedges handed to a helper's *args or **kwargs is not followed into the "
