@@ -165,8 +165,8 @@ def read_rows_only(program: Program, x, by: str, source: str | None):
     op it guards; ``by="dst"`` reads the rows of vertices with in-edges, those a
     message/reduce ``reduce_fn`` runs on."""
     read = program.add("degree", source=source, by=by, dtype=x.dtype)
-    filler = program.add("const", source=source, value=1.0, dtype=x.dtype)
-    return program.add("select", read, x, filler, source=source)
+    one = program.add("const", source=source, value=1.0, dtype=x.dtype)
+    return program.add("select", read, x, one, source=source)
 
 
 _ENDPOINT_TYPE = {"srctype": "src", "dsttype": "dst"}
