@@ -82,6 +82,9 @@ class OpDef:
     # those rows as 1s there, or sqrt'(0) * 0 = NaN would reach a vertex eager code skips.
     bounded_derivative: bool = False
     row_aware: bool = False      # reference takes rows=(operand has a row dim, ...) as a keyword
+    # True: ``reference`` returns a view of its operand, as torch's op does in eager code (an
+    # output that is such a view of another output shares its memory: runtime/output_views.py)
+    view: bool = False
     # True, or true of an application's attrs: torch's autograd through ``reference`` gives
     # the gradients ``derivative`` gives (ties, zeros and all; tests/test_autograd_reference.py
     # compares each such op), so a program of such ops may run its forward under autograd

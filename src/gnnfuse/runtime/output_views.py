@@ -18,9 +18,6 @@ import torch
 
 from ..ir import Program, get_op
 
-# IR ops whose torch reference returns a view of its operand (ir/ops/dense.py, indexing.py)
-VIEW_OPS = frozenset({"reshape", "expand", "narrow", "slice_features", "transpose"})
-
 # (the viewing output's position, the viewed output's position, the view ops from the
 # viewed output's value to the viewing one's, in the order they apply)
 OutputView = tuple[int, int, tuple[Any, ...]]
@@ -35,7 +32,7 @@ def views_of_outputs(program: Program) -> tuple[OutputView, ...]:
     views = []
     for n, value in enumerate(program.outputs.values()):
         chain, v = [], value
-        while v.op in VIEW_OPS:
+        while v.op != "input" and get_op(v.op).view:       # ops whose reference returns a view
             chain.append(v)
             v = v.inputs[0]
             if position.get(v.id, n) != n:

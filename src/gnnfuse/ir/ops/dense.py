@@ -75,7 +75,8 @@ _dense("addmm", _addmm, _addmm_derivative, bounded_derivative=True, arity=3, res
        doc="x @ W + c with W a parameter and c a bias row or a table of the product's shape, as one GEMM "
            "whose epilogue adds c (passes/addmm.py): the product and the sum as two ops wrote and reread "
            "an output-sized table", autograd_reference=True)
-_dense("transpose", lambda x: x.transpose(-1, -2), lambda b, v, g: [b.add("transpose", g)], bounded_derivative=True, arity=1)
+_dense("transpose", lambda x: x.transpose(-1, -2), lambda b, v, g: [b.add("transpose", g)], bounded_derivative=True,
+       arity=1, view=True)
 
 
 def row_matrix(x: torch.Tensor) -> torch.Tensor:
@@ -182,8 +183,8 @@ def _expand(x: torch.Tensor, shape, rows) -> torch.Tensor:
 
 
 _dense("reshape", _reshape, lambda b, v, g: [b.add("reshape", g, shape=v.inputs[0].shape)], bounded_derivative=True,
-       arity=1, row_aware=True, autograd_reference=True)
-_dense("expand", _expand, None, arity=1, row_aware=True,
+       arity=1, row_aware=True, autograd_reference=True, view=True)
+_dense("expand", _expand, None, arity=1, row_aware=True, view=True,
        doc="broadcast per-element dims to shape; its gradient is summed back by autodiff")
 
 
@@ -200,7 +201,8 @@ _dense("concat", lambda *xs, dim: torch.cat(xs, dim), _concat_derivative, bounde
        autograd_reference=True)
 _dense("narrow", lambda x, dim, start, length: x.narrow(dim, start, length),
        lambda b, v, g: [b.add("unnarrow", g, dim=v.attrs["dim"], start=v.attrs["start"],
-                              size=v.inputs[0].shape[v.attrs["dim"]])], bounded_derivative=True, arity=1)
+                              size=v.inputs[0].shape[v.attrs["dim"]])], bounded_derivative=True, arity=1,
+       view=True)
 _dense("unnarrow", lambda g, dim, start, size: _unnarrow(g, dim, start, size),
        lambda b, v, g: [b.add("narrow", g, dim=v.attrs["dim"], start=v.attrs["start"],
                               length=v.inputs[0].shape[v.attrs["dim"]])], bounded_derivative=True, arity=1,

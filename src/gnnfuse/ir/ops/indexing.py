@@ -47,7 +47,7 @@ def _unslice(g: torch.Tensor, window, size) -> torch.Tensor:
 
 
 register(OpDef("slice_features", Movement.DENSE, lambda ctx, x, window: x[_window_slices(window)], bounded_derivative=True,
-               shape=_slice_shape, arity=1,
+               shape=_slice_shape, arity=1, view=True,
                derivative=lambda b, v, g: [b.add("unslice_features", g, window=v.attrs["window"],
                                                  size=v.inputs[0].shape)],
                doc="x[..., start:start+step*count:step, ...] per feature dim (window of (start, step, count))",
