@@ -114,6 +114,9 @@ LAYERS = {
     "GINConv": lambda: gnnfuse.nn.GINConv(torch.nn.Linear(FEAT, 3), train_eps=True),
     "GraphConv-mean": lambda: gnnfuse.nn.GraphConv(FEAT, 3, aggr="mean"),
     "TransformerConv": lambda: gnnfuse.nn.TransformerConv(FEAT, 3, heads=HEADS),
+    # PyG's own classes, compiled: their messages' products read rows by zero_unread_rows
+    "GeneralConv": lambda: gnnfuse.nn.GeneralConv(FEAT, 3, attention=True, heads=HEADS),
+    "FeaStConv": lambda: gnnfuse.nn.FeaStConv(FEAT, 3, heads=HEADS),
 }
 
 

@@ -140,6 +140,35 @@ def test_compiled_pyg_messages_keep_pygs_gradients_for_unread_nan_rows(name):
 
 
 @pytest.mark.parametrize("name", PYG_MESSAGE_LAYERS)
+def test_compiled_pyg_messages_run_a_first_pass_under_autograd_keeping_pygs_gradients(name, monkeypatch):
+    """A PyG user's call on a new small graph runs its first pass under torch's autograd on
+    a GPU (runtime/first_pass.py) where every op's reference differentiates as its rule
+    does. ``zero_unread_rows`` (and ``transpose``, and a softmax's ``amax_dim`` read through
+    ``stop_gradient``) lacked the mark, so these layers' mini-batch steps took the autograd
+    Function and walked gnnfuse's backward program op by op instead. Under autograd the
+    unread rows' NaN stays out of the weight gradients as well."""
+    import gnnfuse.nn as gnn_all
+    from first_pass_check import DEVICE, triton_by_default
+    from gnnfuse.runtime import compiled
+    triton_by_default(monkeypatch)
+    runs = []
+    real = compiled.CompiledProgram._run_under_autograd
+    monkeypatch.setattr(compiled.CompiledProgram, "_run_under_autograd",
+                        lambda self, *args: runs.append(self) or real(self, *args))
+    torch.manual_seed(3)
+    make, finite = PYG_MESSAGE_LAYERS[name]
+    ref, ours = make(pyg).double(), make(gnn_all).double().to(DEVICE)
+    ours.load_state_dict(ref.state_dict())
+    x = features(nan_rows=(4, 5))
+    got = outputs_and_grads(ours, lambda xs: ours(xs, EDGE_INDEX.to(DEVICE)), x.to(DEVICE))
+    expected = outputs_and_grads(ref, lambda xs: ref(xs, EDGE_INDEX), x)
+    assert len(runs) == 1, f"{name}: {len(runs)} programs ran under autograd"
+    assert all(torch.isfinite(got[key]).all() for key in finite)
+    for key in got:
+        assert_same_values(got[key].cpu(), expected[key], key)
+
+
+@pytest.mark.parametrize("name", PYG_MESSAGE_LAYERS)
 def test_compiled_pyg_messages_mask_unread_rows_on_each_backend(name, backend, device):
     """The same on the Triton kernels (the interpreter here) as on the reference executor:
     ``zero_unread_rows`` runs as a torch op beside them."""

@@ -76,7 +76,7 @@ _dense("addmm", _addmm, _addmm_derivative, bounded_derivative=True, arity=3, res
            "whose epilogue adds c (passes/addmm.py): the product and the sum as two ops wrote and reread "
            "an output-sized table", autograd_reference=True)
 _dense("transpose", lambda x: x.transpose(-1, -2), lambda b, v, g: [b.add("transpose", g)], bounded_derivative=True,
-       arity=1, view=True)
+       arity=1, view=True, autograd_reference=True)
 
 
 def row_matrix(x: torch.Tensor) -> torch.Tensor:

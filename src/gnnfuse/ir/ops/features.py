@@ -26,5 +26,12 @@ register(OpDef("norm_dim", Movement.DENSE,
                lambda ctx, x, dim, keepdim: torch.linalg.vector_norm(x, 2, dim, keepdim),
                derivative=_norm_derivative, bounded_derivative=True, arity=1,
                doc="Euclidean norm over feature dims (negative ``dim``); gradient 0 at a zero norm"))
+def _no_gradient_reaches(attrs: dict) -> bool:
+    """amax_dim has no derivative rule: a program runs under autograd (runtime/first_pass.py)
+    only where its max is read through ``stop_gradient`` alone, as a softmax reads it."""
+    return False
+
+
 register(OpDef("amax_dim", Movement.DENSE, lambda ctx, x, dim, keepdim: x.amax(dim, keepdim), arity=1,
-               doc="max over feature dims; no derivative: a softmax reads it through stop_gradient"))
+               doc="max over feature dims; no derivative: a softmax reads it through stop_gradient",
+               autograd_reference=_no_gradient_reaches))

@@ -268,4 +268,5 @@ register(OpDef("zero_unread_rows", Movement.DENSE, lambda ctx, x, by: ctx.zero_u
                residency=_zero_unread_residency, shape=_same_shape, arity=1, bounded_derivative=True,
                derivative=lambda b, v, g: [b.add("zero_unread_rows", g, by=v.attrs["by"])],
                doc="x with the rows a broadcast by `by` never reads zeroed (by index, the ids "
-                   "cached per graph); x itself when it reads every row"))
+                   "cached per graph); x itself when it reads every row",
+               autograd_reference=True))
