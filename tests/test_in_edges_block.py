@@ -143,3 +143,36 @@ def test_a_blocks_self_loops_are_its_chosen_vertices_edges_to_themselves(case, d
     with pytest.raises(ValueError, match="would join the wrong vertices"):
         block.reverse().add_self_loops()
     assert block.reverse().reverse().remove_self_loops().num_edges == kept.num_edges
+
+
+def test_pyg_class_layers_refuse_a_block_they_would_read_as_a_square_graph():
+    """gnnfuse.nn's PyG-class layers (FeaStConv, PointNetConv, ...) get a `Graph` as its
+    plain ``[2, E]`` edge_index, which says nothing of destination i being vertex rows[i]:
+    FeaStConv's default self loops on a block joined source i to destination i (0.31 off
+    the full layer's rows on this graph, pairs given as the README says), and a single
+    ``x`` (or ``pos``) was read as the destinations' rows x[i] (AGNNConv without loops
+    0.88 off), silently. Both are refused as the block's own add_self_loops is; pairs without
+    loops still give the full layer's rows."""
+    g = torch.Generator().manual_seed(0)
+    n, e = 20, 80
+    graph = gnnfuse.Graph(torch.randint(0, n, (e,), generator=g), torch.randint(0, n, (e,), generator=g), n)
+    graph = graph.remove_self_loops()
+    rows = torch.tensor([3, 5, 0, 17, 9])
+    block = in_edges_block(graph, rows)
+    x = torch.randn(n, 6, dtype=f64, generator=g)
+    pos = torch.randn(n, 3, dtype=f64, generator=g)
+    feast = gnnfuse.nn.FeaStConv(6, 4).double()
+    with pytest.raises(ValueError, match="FeaStConv.*add_self_loops.*in_edges_block"):
+        feast((x, x[rows]), block)
+    with pytest.raises(ValueError, match="PointNetConv.*add_self_loops.*in_edges_block"):
+        gnnfuse.nn.PointNetConv().double()((x, x[rows]), (pos, pos[rows]), block)
+    with pytest.raises(ValueError, match="AGNNConv.*x has 20 rows.*in_edges_block.*x\\[rows\\]"):
+        gnnfuse.nn.AGNNConv(add_self_loops=False)(x, block)
+    with pytest.raises(ValueError, match="PointNetConv.*pos has 20 rows"):
+        gnnfuse.nn.PointNetConv(add_self_loops=False).double()((x, x[rows]), pos, block)
+    looped = in_edges_block(graph.add_self_loops(), rows)
+    expected = feast(x, graph)[rows]
+    feast.add_self_loops = False
+    torch.testing.assert_close(feast((x, x[rows]), looped), expected)
+    simple = gnnfuse.nn.SimpleConv()
+    torch.testing.assert_close(simple((x, x[rows]), block), simple(x, graph)[rows])
