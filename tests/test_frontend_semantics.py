@@ -2095,6 +2095,33 @@ def test_outputs_that_view_another_output_share_its_memory_on_every_backend(back
         out["b"] + 0.0
 
 
+
+def _reshapes_of_one_score(edges):
+    s = edges.src["h"] * edges.dst["h"]
+    flat = s.reshape(-1, 2, s.shape[-1] // 2)
+    return {"a": flat, "b": s.reshape(-1, s.shape[-1] // 2, 2), "c": flat.reshape(-1, 3, 2)[:, 1:]}
+
+
+@pytest.mark.parametrize("backend", ["reference", "cpu", "triton"])
+def test_outputs_viewing_one_value_that_is_no_output_share_its_memory_on_every_backend(backend, monkeypatch):
+    """``a`` and ``b`` are both reshapes of a score ``s`` the UDF does not return: in eager
+    code (and on the reference backend) both view ``s``, so an in-place edit of ``a`` shows
+    in ``b``; the cpu and Triton backends wrote each into its own buffer, and after
+    ``out["a"].mul_(2)`` their ``b`` kept the old values (2.7 off on this graph), silently.
+    ``b`` is now remade from ``a`` through ``s``'s shape, which a chain of reshapes from an
+    output can always rebuild."""
+    monkeypatch.setenv("GNNFUSE_BACKEND", backend)
+    device = device_for(backend)
+    g, h = graph(device), features(device, width=6).detach()
+    with torch.no_grad():
+        for _ in range(3):
+            out = gnnfuse.apply_edges(g, _reshapes_of_one_score, ndata={"h": h})
+            out["a"].mul_(2.0)
+            eager = _reshapes_of_one_score(types.SimpleNamespace(src={"h": h[g.src]}, dst={"h": h[g.dst]}))
+            eager["a"].mul_(2.0)
+            for key in "abc":
+                torch.testing.assert_close(out[key], eager[key], rtol=0, atol=0)
+
 def _source_bumped_then_read(edges):
     x = edges.src["h"]
     x += 1.0
