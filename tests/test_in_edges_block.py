@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import gnnfuse
+import gnnfuse.nn
 from gnnfuse.graph import in_edges_block
 
 f64 = torch.float64
@@ -176,3 +177,31 @@ def test_pyg_class_layers_refuse_a_block_they_would_read_as_a_square_graph():
     torch.testing.assert_close(feast((x, x[rows]), looped), expected)
     simple = gnnfuse.nn.SimpleConv()
     torch.testing.assert_close(simple((x, x[rows]), block), simple(x, graph)[rows])
+
+
+class _ProductOfEnds(gnnfuse.nn.MessagePassing):
+    def __init__(self):
+        super().__init__(aggr="add")
+
+    def forward(self, x, edge_index):
+        return self.propagate(edge_index, x=x)
+
+    def message(self, x_i, x_j):
+        return x_i * x_j
+
+
+def test_a_message_passing_layer_refuses_a_single_table_on_a_block():
+    """Your own `gnnfuse.nn.MessagePassing` handed a block reads it as its ``[2, E]``
+    edges: with one ``x`` its ``x_i`` was x[i] for destination i, which is vertex
+    rows[i] (8.8 off the full layer's rows on this graph), silently. A single table is
+    refused naming the pair to pass; the pair gives the full layer's rows."""
+    g = torch.Generator().manual_seed(0)
+    n = 20
+    graph = gnnfuse.Graph(torch.randint(0, n, (80,), generator=g), torch.randint(0, n, (80,), generator=g), n)
+    rows = torch.tensor([3, 5, 0, 17, 9])
+    block = in_edges_block(graph, rows)
+    x = torch.randn(n, 6, dtype=f64, generator=g)
+    layer = _ProductOfEnds()
+    with pytest.raises(ValueError, match="_ProductOfEnds: x has 20 rows.*in_edges_block.*\\(x, x\\[rows\\]\\)"):
+        layer(x, block)
+    torch.testing.assert_close(layer((x, x[rows]), block), layer(x, graph)[rows])

@@ -68,3 +68,19 @@ def in_edges_block(graph: Graph, rows: torch.Tensor, *, return_edge_ids: bool = 
                   edge_type=None if edge_type is None else edge_type[edges], num_edge_types=graph.num_edge_types)
     block._dst_rows = rows     # `Graph.add_self_loops` refuses it: loops i -> i would join the wrong vertices
     return (block, edges) if return_edge_ids else block
+
+
+def refuse_square_reading(layer: str, block: Graph, named: dict) -> None:
+    """Refuse node tables ``named`` (argument name -> value) that PyG's code would read
+    on ``block``, an `in_edges_block`, as on any ``edge_index``: a single table with a
+    row per source is read at row i for destination i, which is vertex ``rows[i]``
+    (a ``MessagePassing``'s ``x_i`` was 8.8 off the full layer's rows, silently).
+    Pairs ``(x, x[rows])`` and edge-level values (``edge_*``, a row per edge) are read
+    correctly and pass."""
+    for key, value in named.items():
+        if (isinstance(value, torch.Tensor) and not key.startswith("edge") and value.dim() > 0
+                and value.shape[0] == block.num_src_nodes != block.num_dst_nodes):
+            raise ValueError(f"{layer}: {key} has {value.shape[0]} rows, one per source of a graph from "
+                             f"in_edges_block with {block.num_dst_nodes} destinations, destination i being vertex "
+                             f"rows[i]: PyG's code would read destination i's row as {key}[i]. Pass the pair "
+                             f"({key}, {key}[rows])")

@@ -43,6 +43,7 @@ except ImportError as exc:   # pragma: no cover - exercised only without PyG ins
 
 from ..frontend.pyg_message_passing import NotCompilable, compiled_propagate
 from ..graph import Graph
+from ..graph.in_edges import refuse_square_reading
 from ..runtime.compile_op import run_eagerly
 from ..runtime.compiled import ForwardADError, running_layer
 from ..user_warning import warn
@@ -71,7 +72,10 @@ class MessagePassing(NotScriptable, PyGMessagePassing):
             # as `pyg_layers` hands it to PyG's layers: it fell back to PyG's propagate with a
             # warning, which then failed on "only supports integer tensors of shape [2, ...]".
             # A bipartite graph's sizes come from the (x_src, x_dst) pair, as PyG reads them.
-            # `edge_updater` takes one so too.
+            # `edge_updater` takes one so too. A single table on an `in_edges_block` would be
+            # read at row i for destination i, which is vertex rows[i]: refused.
+            if edge_index.is_block:
+                refuse_square_reading(type(self).__name__, edge_index, kwargs)
             edge_index = edge_index.edge_index
         if torch.compiler.is_compiling():
             # dynamo would trace into the compiled program's autograd.Function, which it

@@ -180,22 +180,16 @@ def _refuse_square_reading(layer: Any, forward: Callable[..., Any], block: Any, 
     destination i as vertex i: PyG's code sees only the block's ``[2, E]`` tensor, not that
     its destination i is vertex ``rows[i]``. A layer adding self loops there (FeaStConv's
     default) joined source i to destination i, and a single node tensor (``x``, ``pos``)
-    was read at row i for destination i: silently other rows than the full layer's.
-    Edge-level arguments (``edge_*``) have a row per edge and are read correctly."""
+    was read at row i for destination i: silently other rows than the full layer's."""
+    from ..graph.in_edges import refuse_square_reading
+
     name = type(layer).__name__
     if getattr(layer, "add_self_loops", False) is True:
         raise ValueError(f"{name}(add_self_loops=True) on a graph from in_edges_block: its destination i is "
                          "vertex rows[i], not vertex i, so PyG's loops i -> i would join the wrong vertices. "
                          "Add the loops to the whole graph first (in_edges_block(graph.add_self_loops(), rows)) "
                          "and set add_self_loops=False on the layer")
-    bound = inspect.signature(forward).bind(layer, *args, **kwargs).arguments
-    for key, value in bound.items():
-        if (isinstance(value, torch.Tensor) and not key.startswith("edge") and value.dim() > 0
-                and value.shape[0] == block.num_src_nodes != block.num_dst_nodes):
-            raise ValueError(f"{name}: {key} has {value.shape[0]} rows, one per source of a graph from "
-                             f"in_edges_block with {block.num_dst_nodes} destinations, destination i being vertex "
-                             f"rows[i]: PyG's code would read destination i's row as {key}[i]. Pass the pair "
-                             f"({key}, {key}[rows])")
+    refuse_square_reading(name, block, inspect.signature(forward).bind(layer, *args, **kwargs).arguments)
 
 
 def _refuse_own_propagate(pyg_class: type, base: type) -> None:
