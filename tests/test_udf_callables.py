@@ -152,6 +152,42 @@ def test_modules_methods_partials_and_callables_as_vertex_functions(device):
     assert_same(run, oracle, params)
 
 
+
+def test_a_module_udfs_forward_hooks_run_in_message_passing_and_are_refused_in_a_vertex_function():
+    """A message-passing UDF that is a module is called as one, so its forward hooks run on
+    every call as ``module(edges)`` runs them (README said they did not). The vertex
+    front end traces the module's forward alone, and a hook scaling the result by 10 was
+    skipped without a word (out 2x the neighbour sum where ``module(v)`` gives 20x): a
+    vertex module with forward hooks (its own or every module's) is refused by name."""
+    g = graph()
+    h = torch.randn(4, 3, dtype=DOUBLE)
+
+    class Doubled(nn.Module):
+        def forward(self, edges):
+            return {"m": edges.src["h"] * 2.0}
+
+    message = Doubled()
+    message.register_forward_hook(lambda module, args, out: {"m": out["m"] * 10.0})
+    out = gnnfuse.message_passing(g, message, lambda nodes: {"o": nodes.mailbox["m"].sum(1)}, ndata={"h": h})
+    torch.testing.assert_close(out["o"], neighbour(g, h[g.src]) * 20.0)
+
+    class VertexDoubled(nn.Module):
+        def forward(self, v):
+            return sum([u.h for u in v.innbs]) * 2.0
+
+    vertex = VertexDoubled()
+    handle = vertex.register_forward_hook(lambda module, args, out: out * 10.0)
+    with pytest.raises(CompileError, match="VertexDoubled.*forward_hooks.*not run"):
+        gnnfuse.vertex(vertex)(g, {"h": h})
+    handle.remove()
+    torch.testing.assert_close(gnnfuse.vertex(vertex)(g, {"h": h}), neighbour(g, h[g.src]) * 2.0)
+    handle = torch.nn.modules.module.register_module_forward_pre_hook(lambda module, args: None)
+    try:
+        with pytest.raises(CompileError, match="VertexDoubled.*forward_pre_hooks.*every module"):
+            gnnfuse.vertex(vertex)(g, {"h": h})
+    finally:
+        handle.remove()
+
 def test_module_state_is_read_on_every_call(monkeypatch):
     """A module's attributes and parameters can change without its identity changing:
     every call must see the current ones."""

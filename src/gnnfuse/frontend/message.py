@@ -18,8 +18,9 @@ Shapes follow torch's broadcasting as in DGL: ``nodes.data['h'].unsqueeze(1)`` i
 in-edge), while ``nodes.data['h']`` ([N, F]) next to a [N, D, F] mailbox value is an error.
 ``nodes.mailbox['m'][:, i]`` is each vertex's ``i``-th message, in-edges in edge-id order.
 
-A UDF may be a function, a bound method, a ``functools.partial``, an ``nn.Module`` (its
-``forward`` is traced; hooks do not run) or an object with a ``__call__`` method.
+A UDF may be a function, a bound method, a ``functools.partial``, an ``nn.Module`` (called
+as a module: its forward hooks run on the traced values) or an object with a ``__call__``
+method.
 
 On a typed graph, per-type data is passed as ``etype_data={key: [num_edge_types, ...]}``
 and ``ntype_data={key: [num_node_types, ...]}``. In ``message_fn``, ``edges.type[key]``

@@ -15,7 +15,8 @@ the function calls; Python's ``max(a, b)`` of two tensors is an error (use
 over ``v.innbs`` runs once, for one symbolic neighbour, so counting in Python (``n += 1``
 in the loop, a list of constants built from it) is rejected: it would count 1.
 The function may also be a bound method, a ``functools.partial``, an ``nn.Module``
-(its ``forward`` is traced) or an object with a ``__call__`` method.
+(its ``forward`` is traced alone, so one with hooks is refused) or an object with a
+``__call__`` method.
 
 The function is traced into the IR on the first call and again whenever a call could
 trace differently (other shapes or dtypes, a changed closure constant or global: see
@@ -68,6 +69,7 @@ from ..passes.reorder import mask_rows_only_gathers_read
 from ..runtime import CompiledProgram
 from .compiled_call import call_compiled, register_udf
 from .counting import IDENTITY, check_counting
+from .module_hooks import registered_hooks
 from .graph_input import call_graph
 from .repeat_call import RepeatCall, RepeatCalls
 from .random_draws import RandomDraws
@@ -531,6 +533,20 @@ def _per_pass_rows(walks: _Walks, x: SymTensor) -> SymTensor:
     return x.broadcast_dst()
 
 
+def _refuse_module_hooks(module: torch.nn.Module) -> None:
+    """Refuse a vertex function that is a module with hooks: the trace runs its
+    ``forward`` alone (with the vertex front end's own ``sum``/``len``), so a forward hook
+    scaling the result by 10 was skipped without a word where ``module(v)`` runs it. (A
+    message-passing UDF module is called as a module, its hooks running on the traced
+    values; hooks of modules the function calls run as well.)"""
+    own, every = registered_hooks(module)
+    if own or every:
+        where = " and ".join([*(f"{name} of its own" for name in own), *(f"{name} on every module" for name in every)])
+        raise CompileError(f"{type(module).__qualname__} is a vertex function with hooks ({where}), which are "
+                           "not run: the vertex trace runs its forward alone, so the result would differ from "
+                           "module(v); remove the hooks or apply them to the result outside the function")
+
+
 def _random_draw(plain: types.FunctionType) -> CompileError:
     """The refusal of a vertex function that drew a random number while traced (torch's,
     Python's or NumPy's generators, also inside library code): eager code runs the function
@@ -609,6 +625,8 @@ class VertexFunction:
         feats["walks"] = walks = _Walks()
         tracer = Tracer(self.fn, "vertex")
         tracer.per_pass_rows = functools.partial(_per_pass_rows, walks)
+        if isinstance(self.fn, torch.nn.Module):
+            _refuse_module_hooks(self.fn)
         plain, args, keywords = unwrap(self.fn)
         check_counting(plain, args, keywords)
         counting = _counting_builtins(tracer, walks)
