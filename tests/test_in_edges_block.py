@@ -205,3 +205,31 @@ def test_a_message_passing_layer_refuses_a_single_table_on_a_block():
     with pytest.raises(ValueError, match="_ProductOfEnds: x has 20 rows.*in_edges_block.*\\(x, x\\[rows\\]\\)"):
         layer(x, block)
     torch.testing.assert_close(layer((x, x[rows]), block), layer(x, graph)[rows])
+
+
+class _EdgeScores(gnnfuse.nn.MessagePassing):
+    def __init__(self):
+        super().__init__(aggr="add")
+
+    def forward(self, x, edge_index):
+        return self.edge_updater(edge_index, x=x)
+
+    def edge_update(self, x_i, x_j):
+        return (x_i * x_j).sum(-1)
+
+
+def test_an_edge_updater_refuses_a_single_table_on_a_block():
+    """``edge_updater`` takes a `Graph` as ``propagate`` does: with one ``x`` on a block
+    its ``x_i`` was x[i] for destination i, which is vertex rows[i] (per-edge scores 6.4
+    off the full graph's on this graph), silently; it is refused as in ``propagate``, and
+    the pair gives the full graph's scores of the block's edges."""
+    g = torch.Generator().manual_seed(0)
+    n = 20
+    graph = gnnfuse.Graph(torch.randint(0, n, (80,), generator=g), torch.randint(0, n, (80,), generator=g), n)
+    rows = torch.tensor([3, 5, 0, 17, 9])
+    block, edge_ids = in_edges_block(graph, rows, return_edge_ids=True)
+    x = torch.randn(n, 6, dtype=f64, generator=g)
+    layer = _EdgeScores()
+    with pytest.raises(ValueError, match="_EdgeScores: x has 20 rows.*in_edges_block"):
+        layer(x, block)
+    torch.testing.assert_close(layer((x, x[rows]), block), layer(x, graph)[edge_ids])

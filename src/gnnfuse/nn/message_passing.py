@@ -96,7 +96,7 @@ class MessagePassing(NotScriptable, PyGMessagePassing):
     def edge_updater(self, edge_index: Any, size: Any = None, **kwargs: Any) -> Any:
         """PyG's generic ``edge_updater`` (run where PyG builds no template for the class),
         taking a gnnfuse `Graph` as its edges, as `propagate` does."""
-        return super().edge_updater(_edges(edge_index), size, **kwargs)
+        return super().edge_updater(_edges(edge_index, self, kwargs), size, **kwargs)
 
     def _set_jittable_templates(self, raise_on_error: bool = False) -> None:
         """PyG installs a template-generated ``propagate`` on each concrete class (and
@@ -159,16 +159,21 @@ def _eager_propagate(layer: MessagePassing, edge_index: Any, size: Any, kwargs: 
     return template(layer, edge_index, size=size, **kwargs)
 
 
-def _edges(edge_index: Any) -> Any:
-    """A gnnfuse `Graph` as its ``[2, E]`` edge_index; anything else unchanged."""
-    return edge_index.edge_index if isinstance(edge_index, Graph) else edge_index
+def _edges(edge_index: Any, layer: MessagePassing, tables: dict[str, Any]) -> Any:
+    """A gnnfuse `Graph` as its ``[2, E]`` edge_index; anything else unchanged. A single
+    node table among ``tables`` on an `in_edges_block` is refused, as in `propagate`."""
+    if not isinstance(edge_index, Graph):
+        return edge_index
+    if edge_index.is_block:
+        refuse_square_reading(type(layer).__name__, edge_index, tables)
+    return edge_index.edge_index
 
 
 def _graph_taking(edge_updater: Callable) -> Callable:
     """PyG's template-generated ``edge_updater``, given a gnnfuse `Graph` as its edges."""
     @functools.wraps(edge_updater)
     def graph_taking_edge_updater(self: MessagePassing, edge_index: Any, *args: Any, **kwargs: Any) -> Any:
-        return edge_updater(self, _edges(edge_index), *args, **kwargs)
+        return edge_updater(self, _edges(edge_index, self, kwargs), *args, **kwargs)
     return graph_taking_edge_updater
 
 
