@@ -140,6 +140,17 @@ def test_edge_weight_of_the_wrong_length_is_rejected():
         gnn.GCNConv(F_IN, 3)(torch.randn(N, F_IN), edge_index, weight[:-1].float())
 
 
+@pytest.mark.parametrize("name", sorted(WEIGHTED))
+def test_a_complex_edge_weight_is_refused(name):
+    """An edge weight is cast to the features' dtype (an integer one too, as README says);
+    a complex one lost its imaginary part there, with at most torch's one-time warning:
+    GCNConv gave a float32 output where PyG's is complex64, and GraphConv, SGConv, TAGConv
+    and APPNP, where PyG's raise, a float one too. It is refused by name."""
+    edge_index, weight = weighted_graph()
+    layer, _ = WEIGHTED[name]()
+    with pytest.raises(TypeError, match="edge_weight is torch.complex64: complex edge weights are not supported"):
+        layer(torch.randn(N, F_IN), edge_index, torch.complex(weight.float(), weight.float()))
+
 @pytest.mark.parametrize("layer", [gnn.GCNConv(F_IN, 3, cached=True), gnn.APPNP(2, 0.1, cached=True)])
 def test_cached_layers_refuse_edge_weight(layer):
     edge_index, weight = weighted_graph()

@@ -158,9 +158,15 @@ def edge_weight_column(edge_weight: torch.Tensor, graph: Any, dtype: torch.dtype
     edge-id order) as an [E] tensor of the features' dtype, still attached to autograd.
     Refused, naming both devices, where it is not on the graph's: the normalising layers'
     torch ops then failed in an ``index_add`` naming neither edge_weight nor edge_index,
-    and GraphConv named its program's input ``'e.w'``."""
+    and GraphConv named its program's input ``'e.w'``. A complex one is refused: the cast
+    to the features' dtype dropped its imaginary part (GCNConv gave a float output where
+    PyG's is complex; GraphConv, SGConv, TAGConv and APPNP, where PyG's raise, too), with at
+    most torch's one-time warning."""
     if not isinstance(edge_weight, torch.Tensor):
         raise TypeError(f"edge_weight must be a tensor of one number per edge, got {type(edge_weight).__name__}")
+    if edge_weight.is_complex():
+        raise TypeError(f"edge_weight is {edge_weight.dtype}: complex edge weights are not supported (casting them "
+                        f"to the features' {dtype} would drop their imaginary part); pass real weights")
     if edge_weight.device != graph.device:
         raise ValueError(f"edge_weight is on {edge_weight.device} but the graph (edge_index) is on {graph.device}; "
                          "move one of them (edge_weight.to(edge_index.device))")
