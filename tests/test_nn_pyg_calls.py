@@ -151,6 +151,17 @@ def test_a_complex_edge_weight_is_refused(name):
     with pytest.raises(TypeError, match="edge_weight is torch.complex64: complex edge weights are not supported"):
         layer(torch.randn(N, F_IN), edge_index, torch.complex(weight.float(), weight.float()))
 
+@pytest.mark.parametrize("name", ["GATConv", "GATv2Conv"])
+def test_complex_edge_features_are_refused(name):
+    """GAT/GATv2 cast ``edge_attr`` to ``lin_edge``'s dtype, so complex features lost their
+    imaginary part (a float32 output, where PyG's layers raise), with at most torch's
+    one-time warning. They are refused by name."""
+    edge_index, weight = weighted_graph()
+    layer = getattr(gnn, name)(F_IN, 2, edge_dim=2)
+    features = torch.randn(edge_index.shape[1], 2, dtype=torch.complex64)
+    with pytest.raises(TypeError, match=f"{name}: edge_attr is torch.complex64: complex edge features"):
+        layer(torch.randn(N, F_IN), edge_index, features)
+
 @pytest.mark.parametrize("layer", [gnn.GCNConv(F_IN, 3, cached=True), gnn.APPNP(2, 0.1, cached=True)])
 def test_cached_layers_refuse_edge_weight(layer):
     edge_index, weight = weighted_graph()

@@ -26,9 +26,15 @@ _FILL_REDUCTIONS = {"mean": "mean", "add": "sum", "sum": "sum", "max": "amax", "
 
 
 def edge_feature_rows(edge_attr: torch.Tensor, num_edges: int, edge_dim: int, layer: str) -> torch.Tensor:
-    """``edge_attr`` as [E, edge_dim] (PyG also takes a vector when ``edge_dim=1``)."""
+    """``edge_attr`` as [E, edge_dim] (PyG also takes a vector when ``edge_dim=1``). A
+    complex one is refused: cast to ``lin_edge``'s dtype it lost its imaginary part (a
+    float output, where PyG's GATConv and GATv2Conv raise), with at most torch's one-time
+    warning."""
     if not isinstance(edge_attr, torch.Tensor):
         raise TypeError(f"{layer}: edge_attr must be a tensor of edge features, got {type(edge_attr).__name__}")
+    if edge_attr.is_complex():
+        raise TypeError(f"{layer}: edge_attr is {edge_attr.dtype}: complex edge features are not supported "
+                        "(casting them to the layer's dtype would drop their imaginary part); pass real features")
     rows = edge_attr.view(-1, 1) if edge_attr.dim() == 1 else edge_attr
     if rows.dim() != 2 or rows.shape != (num_edges, edge_dim):
         raise ValueError(f"{layer}: edge_attr must have shape [{num_edges}, {edge_dim}] (one row of edge_dim "
