@@ -107,6 +107,16 @@ def test_rgcn_out_of_range_node_indices_are_named(call, message):
         call(RGCNConv(8, 2, 4), typed_graph(2))
 
 
+@pytest.mark.parametrize("layer", [gnn.RGCNConv, gnn.FastRGCNConv])
+@pytest.mark.parametrize("shape", [(11,), (11, 8)], ids=["vector", "matrix"])
+def test_rgcn_complex_x_is_refused(layer, shape):
+    """A complex ``x`` is not floating point, so it was taken for node indices: a complex
+    vector was cast to int64 (its imaginary part and fraction dropped, torch's one-time
+    warning at most) and one-hot encoded, silently; a complex matrix was told "integer x
+    must be a vector of node indices". Both are refused naming the dtype."""
+    with pytest.raises(TypeError, match="RGCNConv: x is a torch.complex64 tensor; give float node features"):
+        layer(8, 2, 4)(torch.randn(shape, dtype=torch.complex64), typed_graph(2))
+
 @pytest.mark.parametrize("backend, dtype", [("reference", torch.float64), ("triton", torch.float32)])
 @pytest.mark.parametrize("order", [None, "dense"], ids=["picked", "dense"])
 @pytest.mark.parametrize("in_channels, out_channels, options", [

@@ -250,7 +250,9 @@ class RGCNConv(FixedAggregation, NotScriptable, nn.Module):
                              "not node indices or x=None (as in PyG)")
         if x is None:
             x = torch.arange(width, device=self.weight.device)
-        if x.dtype in (torch.bool, torch.uint8):     # torch would index by it as by a mask
+        # torch would index by a bool/uint8 one as by a mask; a complex one, not floating
+        # point, was cast to int64 indices (its imaginary part and fraction dropped)
+        if x.dtype in (torch.bool, torch.uint8) or x.is_complex():
             raise TypeError(f"{type(self).__name__}: {name} is a {x.dtype} tensor; give float node features or "
                             "integer node indices (int64 or int32)")
         if x.dim() != 1:
