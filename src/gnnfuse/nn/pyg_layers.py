@@ -22,8 +22,6 @@ import importlib
 import inspect
 from typing import TYPE_CHECKING, Any, Callable
 
-import torch
-
 from ..derived_class import derived_class
 
 if TYPE_CHECKING:
