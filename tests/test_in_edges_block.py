@@ -207,6 +207,22 @@ def test_a_message_passing_layer_refuses_a_single_table_on_a_block():
     torch.testing.assert_close(layer((x, x[rows]), block), layer(x, graph)[rows])
 
 
+def test_a_single_table_passes_only_a_block_of_every_vertex_in_order():
+    """A block of every vertex has as many destinations as sources, so a single table
+    passed the row count check; with the vertices permuted its ``x_i`` was x[i] for
+    vertex rows[i], silently. Refused unless destination i is vertex i."""
+    g = torch.Generator().manual_seed(0)
+    n = 20
+    graph = gnnfuse.Graph(torch.randint(0, n, (80,), generator=g), torch.randint(0, n, (80,), generator=g), n)
+    x = torch.randn(n, 6, dtype=f64, generator=g)
+    layer = _ProductOfEnds()
+    rows = torch.randperm(n, generator=g)
+    with pytest.raises(ValueError, match="_ProductOfEnds: x has 20 rows.*in_edges_block"):
+        layer(x, in_edges_block(graph, rows))
+    torch.testing.assert_close(layer((x, x[rows]), in_edges_block(graph, rows)), layer(x, graph)[rows])
+    torch.testing.assert_close(layer(x, in_edges_block(graph, torch.arange(n))), layer(x, graph))
+
+
 class _EdgeScores(gnnfuse.nn.MessagePassing):
     def __init__(self):
         super().__init__(aggr="add")

@@ -79,8 +79,23 @@ def refuse_square_reading(layer: str, block: Graph, named: dict) -> None:
     correctly and pass."""
     for key, value in named.items():
         if (isinstance(value, torch.Tensor) and not key.startswith("edge") and value.dim() > 0
-                and value.shape[0] == block.num_src_nodes != block.num_dst_nodes):
+                and value.shape[0] == block.num_src_nodes and not _rows_in_order(block)):
             raise ValueError(f"{layer}: {key} has {value.shape[0]} rows, one per source of a graph from "
                              f"in_edges_block with {block.num_dst_nodes} destinations, destination i being vertex "
                              f"rows[i]: PyG's code would read destination i's row as {key}[i]. Pass the pair "
                              f"({key}, {key}[rows])")
+
+
+def _rows_in_order(block: Graph) -> bool:
+    """Whether ``block``'s destination i is vertex i for every i -- ``rows`` all the
+    vertices in order, the one block a single table serves. A permutation of every vertex
+    has as many destinations as sources, and its single table was read at row i for
+    vertex rows[i], silently; compared once per block (one read-back, where the counts
+    match)."""
+    rows = block._dst_rows
+    if rows is None:        # the reverse of a block: as many sources as destinations passes
+        return block.num_src_nodes == block.num_dst_nodes
+    if rows.numel() != block.num_src_nodes:
+        return False
+    return block.cached("dst_rows_in_order", lambda g: bool(torch.equal(
+        rows, torch.arange(rows.numel(), device=rows.device))))
