@@ -201,6 +201,24 @@ def test_cached_layers_without_normalisation_propagate_over_the_graph_given_like
     assert_same_outputs_and_grads(ours, ref, lambda xs: ours(xs, third), lambda xs: ref(xs, third), fewer)
 
 
+def test_gcn_normalize_turned_off_with_edge_weights_adds_no_self_loops_like_pyg():
+    """``normalize = False`` set after construction leaves ``add_self_loops`` True (its
+    default follows ``normalize`` at construction); PyG's forward adds loops only while
+    normalising, so it sums the weighted edges given. With ``edge_weight`` gnnfuse added a
+    loop of weight 1 per vertex all the same (1.85 off PyG on a 7-vertex graph)."""
+    torch.manual_seed(3)
+    ours, ref = gnn.GCNConv(F_IN, 6).double(), pyg.GCNConv(F_IN, 6).double()
+    ours.load_state_dict(ref.state_dict())
+    x = torch.randn(N, F_IN, dtype=torch.float64)
+    edge_index = graph_edges()
+    weight = torch.rand(edge_index.shape[1], dtype=torch.float64)
+    ours(x, edge_index, weight)
+    for layer in (ours, ref):
+        layer.normalize = False
+    assert_same_outputs_and_grads(ours, ref, lambda xs: ours(xs, edge_index, weight),
+                                  lambda xs: ref(xs, edge_index, weight), x)
+
+
 @pytest.mark.parametrize("name, setting, value", [("gcn", "add_self_loops", False), ("gcn", "improved", True),
                                                   ("gcn", "flow", "target_to_source"),
                                                   ("appnp", "add_self_loops", False)])

@@ -606,7 +606,9 @@ class GCNConv(FixedAggregation, OneLineRepr, CachedGraph, NotScriptable, nn.Modu
                             lin.weight, self.bias)
         h = _aligned(lin, x)
         if edge_weight is not None:
-            graph, weight = _gcn_edge_norm(graph, edge_weight, x.dtype, self.add_self_loops,
+            # loops only while normalising, as PyG's forward (``normalize = False`` set after
+            # construction leaves ``add_self_loops`` at the True it defaulted to)
+            graph, weight = _gcn_edge_norm(graph, edge_weight, x.dtype, self.add_self_loops and self.normalize,
                                            2.0 if self.improved else 1.0, self.normalize)
             out = _weighted_sum(graph, {"h": h}, {"w": weight})
         elif not self.normalize:
