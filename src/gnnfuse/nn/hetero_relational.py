@@ -27,6 +27,7 @@ from ..runtime.autocast import autocast_dtype
 from .arguments import node_features
 from .conv import _check_dropout, _neighbour_sum
 from .fixed_aggregation import FixedAggregation
+from .fixed_flow import FixedFlow
 from .pyg_options import message_passing_options
 from .relational import RGCNConv, check_edge_types, refuse_lazy_width
 from . import pyg_init
@@ -84,7 +85,7 @@ def typed_input_graph(rows: int, graph: Graph | torch.Tensor, edge_type: torch.T
     return graph
 
 
-class RGATConv(FixedAggregation, NotScriptable, nn.Module):
+class RGATConv(FixedAggregation, FixedFlow, NotScriptable, nn.Module):
     r"""PyG's ``RGATConv``: same arguments and parameters (``weight`` or ``basis``/``att``,
     ``q``, ``k``, ``e``/``lin_edge``, ``bias``, and the unused ``w``, ``l1``, ``b1``,
     ``l2``, ``b2`` PyG keeps for its ``mod`` variants), so ``load_state_dict`` copies a

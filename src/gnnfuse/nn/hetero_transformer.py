@@ -25,6 +25,8 @@ from ..graph.hetero import EdgeType, HeteroGraph, check_metadata
 from ..graph.hetero_cache import cached_hetero_graph
 from . import pyg_init
 from .compiling import names_its_programs
+from .fixed_aggregation import FixedAggregation
+from .fixed_flow import FixedFlow
 from .hetero_conv import module_key, refuse_shared_keys
 from .pyg_options import message_passing_options
 from .torchscript import NotScriptable
@@ -170,7 +172,7 @@ def _attend(hetero: HeteroGraph, k: torch.Tensor, q: torch.Tensor, v: torch.Tens
                                         etype_feature={"w_k": w_k, "w_v": w_v, "p": p})
 
 
-class HGTConv(NotScriptable, nn.Module):
+class HGTConv(FixedAggregation, FixedFlow, NotScriptable, nn.Module):
     r"""PyG's ``HGTConv(in_channels, out_channels, metadata, heads=1)``: same arguments,
     parameters (``kqv_lin``, ``out_lin``, ``k_rel``, ``v_rel``, ``skip``, ``p_rel``) and
     maths, so ``load_state_dict(pyg_layer.state_dict())`` copies a PyG layer.

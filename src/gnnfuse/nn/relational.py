@@ -17,6 +17,7 @@ from .arguments import node_features
 from . import pyg_init
 from .compiling import names_its_programs
 from .fixed_aggregation import FixedAggregation
+from .fixed_flow import FixedFlow
 from .pyg_options import message_passing_options
 from .torchscript import NotScriptable
 
@@ -108,7 +109,7 @@ def check_edge_types(graph: Graph, num_relations: int, layer: str) -> None:
                          f"build it with num_edge_types={num_relations}")
 
 
-class RGCNConv(FixedAggregation, NotScriptable, nn.Module):
+class RGCNConv(FixedAggregation, FixedFlow, NotScriptable, nn.Module):
     """``x'_v = x_v Θ_root + Σ_r agg_{u ∈ N_r(v)} x_u Θ_r + b`` with ``agg`` the mean per
     relation (``aggr="mean"``, PyG's default) or the sum (``aggr="add"``/``"sum"``).
 
