@@ -123,6 +123,23 @@ def fresh_warnings(monkeypatch):
     monkeypatch.setattr(aggregation, "_WARNED", set())
 
 
+@pytest.mark.parametrize("aggr", ["var", "std", ["mean", "var"], pyg.VarAggregation()])
+def test_semi_grad_set_after_construction_on_a_fused_moment_is_refused(aggr):
+    """PyG's ``VarAggregation``/``StdAggregation`` read ``semi_grad`` on every call, so
+    ``conv.aggr_module.semi_grad = True`` after construction gives PyG's layer the
+    semi-gradient; gnnfuse's fused slot (printed as PyG's class) stored the attribute
+    and kept the full gradient: 2.96 off PyG's x-gradient on a 7-vertex graph, silently.
+    (In a list PyG fixes the semi-gradient at construction and ignores the later value, as
+    gnnfuse did: refused there too, since either way it would not apply.)"""
+    conv = gnn.SAGEConv(4, 3, aggr=aggr)
+    slot = conv.aggr_module.aggrs[1] if isinstance(aggr, list) else conv.aggr_module
+    with pytest.raises(AttributeError, match=r"Aggregation\(\) in a gnnfuse layer is a fused reduction .* "
+                                             r"aggr_kwargs=\{'semi_grad': True\}"):
+        slot.semi_grad = True
+    conv(torch.randn(5, 4), torch.tensor([[0, 1, 2], [1, 2, 3]]))     # the layer runs as built
+
+
+
 @pytest.mark.parametrize("case", EAGER, ids=lambda c: c[0])
 def test_other_aggregations_run_pyg_modules_with_one_warning(case, fresh_warnings):
     _, aggr, aggr_kwargs, name = case

@@ -65,6 +65,19 @@ class Reduction(nn.Module):
         super().__init__()
         self.kind = kind
 
+    def __setattr__(self, name: str, value: Any) -> None:
+        """Refuses ``semi_grad`` on a var or std slot: PyG's ``VarAggregation`` and
+        ``StdAggregation``, which this one prints as, read it on every call, so
+        ``conv.aggr_module.semi_grad = True`` gives PyG's layer a semi-gradient; set here
+        it was stored and never read, and the fused full gradient stayed (2.96 off PyG's
+        x-gradient on a 7-vertex graph). The semi-gradient runs PyG's module, chosen at
+        construction."""
+        if name == "semi_grad" and self.kind in ("var", "std"):
+            raise AttributeError(f"{self!r} in a gnnfuse layer is a fused reduction with the full gradient: "
+                                 f"semi_grad set after construction would be ignored; build the layer with "
+                                 f"aggr_kwargs={{'semi_grad': {value!r}}} (or aggrs_kwargs in a list) instead")
+        super().__setattr__(name, value)
+
     def __repr__(self) -> str:
         return f"{_PYG_CLASSES[self.kind]}()"
 
