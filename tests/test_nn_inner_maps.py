@@ -68,6 +68,16 @@ def _spectral_normed(layer: nn.Module, name: str) -> None:
     torch.nn.utils.parametrizations.spectral_norm(_submodule(layer, name))
 
 
+def _weight_norm_parametrized(layer: nn.Module, name: str) -> None:
+    """torch's current ``weight_norm``, a parametrization of two tensors (``original0``,
+    ``original1``, no ``original``): GATConv and GATv2Conv with ``edge_dim`` failed on it
+    in ``edge_rows`` with "'ParametrizationList' object has no attribute 'original'",
+    where PyG's layers run."""
+    lin = torch.nn.utils.parametrizations.weight_norm(_submodule(layer, name))
+    with torch.no_grad():
+        lin.parametrizations.weight.original0.mul_(3.0)
+
+
 def _adapted(layer: nn.Module, name: str) -> None:
     _replace(layer, name, LowRankAdapted(_submodule(layer, name)))
 
@@ -89,7 +99,8 @@ def _replace(layer: nn.Module, name: str, module: nn.Module) -> None:
 
 
 CHANGES = {"forward-hook": _hooked, "pre-hook": _pre_hooked, "weight-norm": _weight_normed, "lora": _adapted,
-           "sequential": _replaced, "spectral-norm": _spectral_normed}
+           "sequential": _replaced, "spectral-norm": _spectral_normed,
+           "weight-norm-parametrization": _weight_norm_parametrized}
 # (layer, constructor arguments, the map changed, whether it takes edge_attr)
 MAPS = [
     ("GCNConv", {}, "lin", False),

@@ -101,10 +101,15 @@ def edge_rows(layer: nn.Module, graph: Graph, edge_attr: torch.Tensor | None, na
     rows = edge_feature_rows(edge_attr, graph.num_edges, layer.edge_dim, name)
     # a module in lin_edge's place takes the rows as given. A parametrized weight
     # (spectral_norm) is read as stored: each read of ``lin_edge.weight`` recomputes it, power
-    # iteration and all, and the layer calls lin_edge too (PyG reads it once)
+    # iteration and all, and the layer calls lin_edge too (PyG reads it once). A
+    # parametrization of several tensors (weight_norm's magnitude and direction) stores
+    # ``original0``, ``original1``, ... and no ``original``: its first gives the dtype
     lin_edge = layer.lin_edge
-    weight = (lin_edge.parametrizations.weight.original if parametrize.is_parametrized(lin_edge, "weight")
-              else getattr(lin_edge, "weight", None))
+    if parametrize.is_parametrized(lin_edge, "weight"):
+        stored = lin_edge.parametrizations.weight
+        weight = stored.original if hasattr(stored, "original") else stored.original0
+    else:
+        weight = getattr(lin_edge, "weight", None)
     rows = rows if weight is None else rows.to(weight.dtype)
     return looped_edge_features(graph, rows, layer.fill_value, name) if layer.add_self_loops else rows
 
