@@ -533,6 +533,9 @@ def test_rgat_gradcheck_within_relation():
 
 @pytest.mark.parametrize("build, call, error, message", [
     (lambda: gnn.RGATConv(4, 2, 3, mod="additive"), None, NotImplementedError, "mod='additive'"),
+    # PyG's forward reads mod on every call: set afterwards it was ignored (2.0 off PyG, 'scaled')
+    (lambda: gnn.RGATConv(4, 2, 3), lambda layer, x, i, t: (setattr(layer, "mod", "scaled"), layer(x, i, t)),
+     NotImplementedError, r"mod='scaled' \(set after construction\)"),
     (lambda: gnn.RGATConv(4, 2, 3, attention_mode="x"), None, ValueError, "attention mode"),
     (lambda: gnn.RGATConv(4, 2, 3, attention_mechanism="x"), None, ValueError, "attention mechanism"),
     (lambda: gnn.RGATConv(4, 2, 3, dim=2), None, ValueError, "cannot be applied when value of d"),

@@ -179,6 +179,12 @@ class RGATConv(FixedAggregation, FixedFlow, NotScriptable, nn.Module):
                 return_attention_weights: bool | None = None) -> torch.Tensor:
         if size is not None or return_attention_weights is not None:
             raise NotImplementedError("RGATConv: size= and return_attention_weights= are not supported by gnnfuse")
+        if self.mod is not None:
+            # PyG's forward reads ``mod`` on every call, so one set after construction (which
+            # refuses it) gives PyG's layer its variant; computed without it, silently, this was
+            # 2.0 off PyG's output for mod='scaled'
+            raise NotImplementedError(f"RGATConv: mod={self.mod!r} (set after construction) is not supported by "
+                                      "gnnfuse; only mod=None")
         if not (isinstance(x, torch.Tensor) and not x.is_floating_point()):
             x = node_features(x, "RGATConv")             # names a bipartite pair or a wrong type
         if not x.is_floating_point() or x.dim() != 2:
