@@ -223,6 +223,24 @@ def test_a_single_table_passes_only_a_block_of_every_vertex_in_order():
     torch.testing.assert_close(layer(x, in_edges_block(graph, torch.arange(n))), layer(x, graph))
 
 
+def test_a_single_table_is_refused_on_a_reversed_block():
+    """A block's reverse numbers its chosen vertices as sources 0..k-1: a single table of
+    every vertex passed (it has one row per destination) and ``x_j`` was x[j] for vertex
+    rows[j], silently. Refused; the pair ``(x[rows], x)`` gives the full graph's messages
+    from the chosen vertices."""
+    g = torch.Generator().manual_seed(0)
+    n = 20
+    graph = gnnfuse.Graph(torch.randint(0, n, (80,), generator=g), torch.randint(0, n, (80,), generator=g), n)
+    x = torch.randn(n, 6, dtype=f64, generator=g)
+    rows = torch.tensor([3, 5, 0, 17, 9])
+    reverse = in_edges_block(graph, rows).reverse()
+    layer = _ProductOfEnds()
+    with pytest.raises(ValueError, match="_ProductOfEnds: x has 20 rows.*\\(x\\[rows\\], x\\)"):
+        layer(x, reverse)
+    local = reverse.edge_index
+    torch.testing.assert_close(layer((x[rows], x), reverse), layer(x, torch.stack([rows[local[0]], local[1]])))
+
+
 class _EdgeScores(gnnfuse.nn.MessagePassing):
     def __init__(self):
         super().__init__(aggr="add")
@@ -249,3 +267,27 @@ def test_an_edge_updater_refuses_a_single_table_on_a_block():
     with pytest.raises(ValueError, match="_EdgeScores: x has 20 rows.*in_edges_block"):
         layer(x, block)
     torch.testing.assert_close(layer((x, x[rows]), block), layer(x, graph)[edge_ids])
+
+
+class _ScaledByDestination(gnnfuse.nn.MessagePassing):
+    def __init__(self):
+        super().__init__(aggr="add")
+
+    def forward(self, x, edge_index, scale):
+        return self.propagate(edge_index, x=x, scale=scale)
+
+    def message(self, x_j, scale_i):
+        return x_j * scale_i
+
+
+def test_a_table_of_the_chosen_vertices_alone_passes_on_a_block():
+    """A table with one row per chosen destination (``scale_i``) is read as PyG reads a
+    bipartite graph's destination table: not refused, and equal to the full graph's rows."""
+    g = torch.Generator().manual_seed(1)
+    n = 20
+    graph = gnnfuse.Graph(torch.randint(0, n, (80,), generator=g), torch.randint(0, n, (80,), generator=g), n)
+    x, scale = torch.randn(n, 6, dtype=f64, generator=g), torch.randn(n, 1, dtype=f64, generator=g)
+    rows = torch.tensor([3, 5, 0, 17, 9])
+    layer = _ScaledByDestination()
+    torch.testing.assert_close(layer((x, x[rows]), in_edges_block(graph, rows), scale[rows]),
+                               layer(x, graph, scale)[rows])

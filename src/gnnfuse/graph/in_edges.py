@@ -72,30 +72,39 @@ def in_edges_block(graph: Graph, rows: torch.Tensor, *, return_edge_ids: bool = 
 
 def refuse_square_reading(layer: str, block: Graph, named: dict) -> None:
     """Refuse node tables ``named`` (argument name -> value) that PyG's code would read
-    on ``block``, an `in_edges_block`, as on any ``edge_index``: a single table with a
-    row per source is read at row i for destination i, which is vertex ``rows[i]``
-    (a ``MessagePassing``'s ``x_i`` was 8.8 off the full layer's rows, silently).
-    Pairs ``(x, x[rows])`` and edge-level values (``edge_*``, a row per edge) are read
-    correctly and pass."""
+    on ``block``, an `in_edges_block` or its reverse, as on any ``edge_index``: the chosen
+    side numbers its vertices 0..k-1, so a single table (a row per vertex) is read at row i
+    for chosen vertex ``rows[i]`` (a ``MessagePassing``'s ``x_i`` was 8.8 off the full
+    layer's rows, silently). Pairs (``(x, x[rows])``; ``(x[rows], x)`` on the reverse),
+    tables of the chosen vertices alone and edge-level values (``edge_*``, a row per edge)
+    are read correctly and pass."""
+    sides = (block.num_src_nodes, block.num_dst_nodes)
+    every = _chosen(block)[1]      # a table of every vertex has the other side's row count
     for key, value in named.items():
         if (isinstance(value, torch.Tensor) and not key.startswith("edge") and value.dim() > 0
-                and value.shape[0] == block.num_src_nodes and not _rows_in_order(block)):
-            raise ValueError(f"{layer}: {key} has {value.shape[0]} rows, one per source of a graph from "
-                             f"in_edges_block with {block.num_dst_nodes} destinations, destination i being vertex "
-                             f"rows[i]: PyG's code would read destination i's row as {key}[i]. Pass the pair "
-                             f"({key}, {key}[rows])")
+                and value.shape[0] == every and not _rows_in_order(block)):
+            pair = f"({key}, {key}[rows])" if block._dst_rows is not None else f"({key}[rows], {key})"
+            raise ValueError(f"{layer}: {key} has {value.shape[0]} rows, a single table on a graph from "
+                             f"in_edges_block ({sides[0]} sources, {sides[1]} destinations), whose chosen "
+                             f"vertices are numbered 0..{len(_chosen(block)[0]) - 1}: PyG's code would read "
+                             f"chosen vertex rows[i]'s row as {key}[i]. Pass the pair {pair}")
+
+
+def _chosen(block: Graph) -> tuple[torch.Tensor, int]:
+    """The block's chosen rows (destinations; sources on its reverse) and the vertex
+    count of the other side, which holds every vertex."""
+    if block._dst_rows is not None:
+        return block._dst_rows, block.num_src_nodes
+    return block._src_rows, block.num_dst_nodes
 
 
 def _rows_in_order(block: Graph) -> bool:
-    """Whether ``block``'s destination i is vertex i for every i -- ``rows`` all the
-    vertices in order, the one block a single table serves. A permutation of every vertex
-    has as many destinations as sources, and its single table was read at row i for
-    vertex rows[i], silently; compared once per block (one read-back, where the counts
-    match)."""
-    rows = block._dst_rows
-    if rows is None:        # the reverse of a block: as many sources as destinations passes
-        return block.num_src_nodes == block.num_dst_nodes
-    if rows.numel() != block.num_src_nodes:
+    """Whether the chosen vertex i is vertex i for every i -- ``rows`` all the vertices in
+    order, the one block a single table serves. A permutation of every vertex has as many
+    chosen vertices as the other side, and its single table was read at row i for vertex
+    rows[i], silently; compared once per block (one read-back, where the counts match)."""
+    rows, every = _chosen(block)
+    if rows.numel() != every:
         return False
-    return block.cached("dst_rows_in_order", lambda g: bool(torch.equal(
+    return block.cached("chosen_rows_in_order", lambda g: bool(torch.equal(
         rows, torch.arange(rows.numel(), device=rows.device))))
