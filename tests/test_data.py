@@ -319,6 +319,27 @@ def test_planetoid_files_whose_rows_do_not_line_up_are_refused(shared_data, tmp_
         load_planetoid("cora", tmp_path)
 
 
+@pytest.mark.parametrize("part, stored", [("y", "csr_matrix"), ("ty", "csr_matrix"), ("ally", "csr_matrix"),
+                                           ("ty", "csr_array"), ("tx", "csr_array"), ("allx", "csr_array")])
+def test_planetoid_parts_stored_as_any_scipy_sparse_type_read_as_pyg_reads_them(shared_data, tmp_path, part,
+                                                                                 stored):
+    """PyG's reader densifies any part with ``todense``; here sparse labels failed (``len()``
+    of a sparse y or ally: "sparse array length is ambiguous"; a sparse ty: "setting an
+    array element with a sequence", naming no file) and a scipy ``csr_array`` (no
+    ``spmatrix``) was refused as not a feature matrix or label array."""
+    import pickle
+
+    import scipy.sparse as sp
+    folder = _copy(shared_data / "planetoid", tmp_path / "planetoid", _CORA)
+    with open(folder / f"ind.cora.{part}", "rb") as f:
+        value = pickle.load(f, encoding="latin1")
+    with open(folder / f"ind.cora.{part}", "wb") as f:
+        pickle.dump(getattr(sp, stored)(value), f, protocol=2)
+    got, want = load_planetoid("cora", tmp_path), load_planetoid("cora", shared_data)
+    assert torch.equal(got.y, want.y) and torch.equal(got.x, want.x) and got.num_classes == want.num_classes
+    assert all(torch.equal(getattr(got, m), getattr(want, m)) for m in ("train_mask", "val_mask", "test_mask"))
+
+
 def test_pubmed_reads_an_allx_its_folder_holds(shared_data, tmp_path):
     """pubmed's allx is not among the published files, so x is a seeded stand-in; a copy
     holding one was ignored with a warning that called the file missing."""

@@ -27,6 +27,7 @@ NUM_VAL = 500
 _HOLDS = {"x": "feature matrix", "tx": "feature matrix", "allx": "feature matrix", "y": "one-hot label array",
           "ty": "one-hot label array", "ally": "one-hot label array", "graph": "adjacency dict",
           "test.index": "test node ids, one per line"}
+_LABELS = ("y", "ty", "ally")
 
 
 def _read(folder: Path, name: str, part: str):
@@ -38,11 +39,14 @@ def _read(folder: Path, name: str, part: str):
             # the pickles name scipy's long-deprecated `scipy.sparse.csr` module
             warnings.simplefilter("ignore", DeprecationWarning)
             value = pickle.load(f, encoding="latin1")      # written by Python 2
-        wanted = dict if part == "graph" else (np.ndarray, sp.spmatrix)
-        if not isinstance(value, wanted) or (part != "graph" and len(value.shape) != 2):
+        # any scipy sparse matrix or array (sp.issparse): a csr_array is no spmatrix
+        matrix = isinstance(value, np.ndarray) or sp.issparse(value)
+        if not (isinstance(value, dict) if part == "graph" else matrix and len(value.shape) == 2):
             raise DataFileError(f"{path} should hold a {_HOLDS[part]}, holds a {type(value).__name__}"
                                 f"{' of shape ' + str(value.shape) if hasattr(value, 'shape') else ''}")
-        return value
+        # labels dense, as PyG's reader makes every part: stored sparse, len() and the
+        # row assignment of the test labels failed on them with errors naming no file
+        return _dense(value) if part in _LABELS else value
 
 
 def _check_rows(folder: Path, name: str, parts: dict[str, object]) -> None:
