@@ -201,6 +201,19 @@ def test_max_and_min_keep_the_backward_programs_tie_rule(case, monkeypatch):
     compare(case, monkeypatch, under_autograd=False)
 
 
+def zero_width_mean(graph, p):
+    """A mean over a zero-width feature slice: NaN, as torch's, and an empty gradient."""
+    return message_sum(graph, lambda e: e.src["h"][:, :0].mean(-1, keepdim=True) + e.src["h"] * e.dst["h"],
+                       {"h": p["h"]})
+
+
+def test_a_mean_over_a_zero_width_dim_differentiates_on_both_paths(monkeypatch):
+    """torch's autograd (the first pass) gives the empty slice an empty gradient; the
+    backward program divided by the zero count while it was built (``1.0 / 0``), a
+    ZeroDivisionError on the autograd Function -- the step after the first pass."""
+    compare(zero_width_mean, monkeypatch)
+
+
 def test_the_gradients_arrival_ends_the_first_pass(monkeypatch):
     """As the autograd Function's backward does (runtime/first_pass.py): the graph's next
     step runs on its device's backend. A program's forward alone leaves it on its first pass."""

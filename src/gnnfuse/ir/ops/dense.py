@@ -168,9 +168,17 @@ register(OpDef("row_dot", Movement.DENSE,
 
 _dense("sum_dim", lambda x, dim, keepdim: x.sum(dim, keepdim=keepdim),
        lambda b, v, g: [_expand_back(b, v, g)], bounded_derivative=True, arity=1, autograd_reference=True)
-_dense("mean_dim", lambda x, dim, keepdim: x.mean(dim, keepdim=keepdim),
-       lambda b, v, g: [b.add("mul", _expand_back(b, v, g),
-                              b.const(1.0 / math.prod(v.inputs[0].shape[d] for d in v.attrs["dim"]), g))],
+def _mean_derivative(b, v, g):
+    """``g / count`` spread back over the averaged dims. Over a zero-width dim (``x[:, :0]
+    .mean(-1)``: NaN, as torch's) the input's gradient is empty, with no count to divide
+    by: the scale was ``1.0 / 0``, a ZeroDivisionError building the backward program where
+    torch's autograd (a small graph's first pass, runtime/first_pass.py) gives the empty one."""
+    count = math.prod(v.inputs[0].shape[d] for d in v.attrs["dim"])
+    spread = _expand_back(b, v, g)
+    return [b.add("mul", spread, b.const(1.0 / count, g)) if count else spread]
+
+
+_dense("mean_dim", lambda x, dim, keepdim: x.mean(dim, keepdim=keepdim), _mean_derivative,
        bounded_derivative=True, arity=1, autograd_reference=True)
 
 # --- shape changes --------------------------------------------------------------------
