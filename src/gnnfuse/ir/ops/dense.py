@@ -168,6 +168,8 @@ register(OpDef("row_dot", Movement.DENSE,
 
 _dense("sum_dim", lambda x, dim, keepdim: x.sum(dim, keepdim=keepdim),
        lambda b, v, g: [_expand_back(b, v, g)], bounded_derivative=True, arity=1, autograd_reference=True)
+
+
 def _mean_derivative(b, v, g):
     """``g / count`` spread back over the averaged dims. Over a zero-width dim (``x[:, :0]
     .mean(-1)``: NaN, as torch's) the input's gradient is empty, with no count to divide
