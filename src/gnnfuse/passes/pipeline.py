@@ -28,6 +28,10 @@ def optimize(program: Program, keep_inputs: bool = False) -> Program:
     reorder_typed_linear(program)
     fold_typed_root(program)
     eliminate_common_subexpressions(program)
+    # Again: a softmax written out by hand repeats its ``exp(x - max)`` in the sum and in
+    # each numerator, and only once CSE has merged them is every use of the one ``exp``
+    # seen to be normalized (`stop_softmax_shift_gradients`).
+    stop_softmax_shift_gradients(program)
     fuse_row_dots(program)
     narrow_products(program)
     fold_product_adds(program)
