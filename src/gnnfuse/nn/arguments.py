@@ -177,6 +177,18 @@ def edge_weight_column(edge_weight: torch.Tensor, graph: Any, dtype: torch.dtype
     return edge_weight.reshape(num_edges).to(dtype)
 
 
+def weighted_degrees(weight: torch.Tensor, index: torch.Tensor, num_nodes: int) -> torch.Tensor:
+    """The sum of the [E] ``weight`` at each of ``num_nodes`` vertices by ``index``, in
+    ``weight``'s dtype and attached to autograd: a float16/bfloat16 sum is accumulated in
+    float32 and rounded once, as PyG's ``scatter`` (torch's ``scatter_add``) does. Torch's
+    CPU ``index_add`` of a 1-D half tensor adds in the half type: a bfloat16 degree of
+    2,000 in-edges weighted about 0.5 stopped at 256, and GCNConv's output was off by 85%."""
+    if weight.dtype in (torch.float16, torch.bfloat16):
+        wide = weight.new_zeros(num_nodes, dtype=torch.float32).index_add(0, index, weight.float())
+        return wide.to(weight.dtype)
+    return weight.new_zeros(num_nodes).index_add(0, index, weight)
+
+
 def refuse_stored_loops(edge_index: Any, layer: str) -> None:
     """Refuse a torch sparse ``adj_t`` that stores self loops, given to a layer that adds
     self loops as PyG's ``gcn_norm`` does (GCNConv, APPNP, SGConv). For a torch sparse

@@ -27,7 +27,7 @@ from ..runtime.autocast import AUTOCAST_DEVICE_TYPES, autocast_dtype
 from .aligned_linear import RowsRead, aligned_linear, bias_added, flat_heads, kernel_row_stride, paired_linear
 from .aggregation import Reduction, aggregate, eager_slots, pyg_aggr_name, resolve_aggregation
 from .arguments import (adjacency_weights, edge_weight_column, floating_node_features, node_pair, refuse_stored_loops,
-                        over_feature_batches)
+                        over_feature_batches, weighted_degrees)
 from .attention_weights import AttentionOutput, attention_weights, check_attention_request
 from .compiling import compile_path, graph_input_problem, propagation_problem, traced_layer
 from .edge_features import FillValue, edge_projection, edge_rows, traced_edge_matmul
@@ -220,7 +220,7 @@ def _gcn_edge_norm(graph: Graph, edge_weight: torch.Tensor, dtype: torch.dtype, 
         loop_weight = weight.new_full((graph.num_nodes,), fill).index_put((graph.src[is_loop],), weight[is_loop])
         graph, weight = _looped(graph), torch.cat([weight[~is_loop], loop_weight])
     if normalize:
-        inv_sqrt = weight.new_zeros(graph.num_nodes).index_add(0, graph.dst, weight).pow(-0.5)
+        inv_sqrt = weighted_degrees(weight, graph.dst, graph.num_nodes).pow(-0.5)
         inv_sqrt = inv_sqrt.masked_fill(torch.isinf(inv_sqrt), 0.0)
         weight = inv_sqrt[graph.src] * weight * inv_sqrt[graph.dst]
     return graph, weight.unsqueeze(-1)

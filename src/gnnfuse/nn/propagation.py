@@ -24,7 +24,7 @@ from ..runtime.compile_op import GraphRef
 from ..runtime.autocast import autocast_dtype
 from .aligned_linear import aligned_linear
 from .arguments import (adjacency_weights, edge_weight_column, floating_node_features, over_feature_batches,
-                        refuse_stored_loops)
+                        refuse_stored_loops, weighted_degrees)
 from .compiling import compile_path, graph_input_problem, propagation_problem
 from . import pyg_init
 from .fixed_aggregation import FixedAggregation
@@ -429,7 +429,7 @@ def _weighted_laplacian(graph: Graph, edge_weight: torch.Tensor, normalization: 
     weight = edge_weight_column(edge_weight, graph, dtype)[~is_loop]
     loop_free = graph.remove_self_loops()
     src, dst = loop_free.src, loop_free.dst
-    degree = weight.new_zeros(graph.num_nodes).index_add(0, src, weight)
+    degree = weighted_degrees(weight, src, graph.num_nodes)
     if normalization == "sym":
         inv_sqrt = degree.pow(-0.5)
         inv_sqrt = inv_sqrt.masked_fill(torch.isinf(inv_sqrt), 0.0)
@@ -459,7 +459,7 @@ def _default_lambda_max_hint(lam: torch.Tensor, graph: Graph, edge_weight: torch
         edge = int((~weight.isfinite()).nonzero()[0])
         return f" (the default, twice the largest entry of L, is NaN: edge_weight[{edge}] is {weight[edge].item()})"
     loop_free = graph.src != graph.dst
-    degree = weight.new_zeros(graph.num_nodes).index_add(0, graph.src[loop_free].long(), weight[loop_free])
+    degree = weighted_degrees(weight[loop_free], graph.src[loop_free].long(), graph.num_nodes)
     negative = (degree < 0).nonzero().flatten()[:8].tolist()
     if normalization != "sym" or not negative:
         return generic
