@@ -118,6 +118,23 @@ PYG_MESSAGE_LAYERS = {   # the layer, and the parameters whose gradients PyG kee
 }
 
 
+def _compiled_against_pyg(name: str, device: str) -> tuple[dict, dict]:
+    """Outputs and gradients of the compiled layer ``name`` on ``device`` and of PyG's,
+    from the same weights, on features with NaN in rows no edge reads (4 and 5)."""
+    import gnnfuse.nn as gnn_all
+    torch.manual_seed(3)
+    make, _ = PYG_MESSAGE_LAYERS[name]
+    ref, ours = make(pyg).double(), make(gnn_all).double().to(device)
+    ours.load_state_dict(ref.state_dict())
+    x = features(nan_rows=(4, 5))
+    got = outputs_and_grads(ours, lambda xs: ours(xs, EDGE_INDEX.to(device)), x.to(device))
+    expected = outputs_and_grads(ref, lambda xs: ref(xs, EDGE_INDEX), x)
+    assert got.keys() == expected.keys()
+    for key in got:
+        assert_same_values(got[key].cpu(), expected[key], key)
+    return got, expected
+
+
 @pytest.mark.parametrize("name", PYG_MESSAGE_LAYERS)
 def test_compiled_pyg_messages_keep_pygs_gradients_for_unread_nan_rows(name):
     """PyG layers compiled from their ``message()`` (gnnfuse.nn.GeneralConv, FeaStConv)
@@ -126,17 +143,8 @@ def test_compiled_pyg_messages_keep_pygs_gradients_for_unread_nan_rows(name):
     vertices no edge reads with their zero gradients: GeneralConv's ``lin_msg.weight`` and
     ``att_msg`` and FeaStConv's ``lin.weight`` and ``u.weight`` were NaN where PyG's are
     numbers (vertices 4 and 5 send no edge here)."""
-    import gnnfuse.nn as gnn_all
-    torch.manual_seed(3)
-    make, finite = PYG_MESSAGE_LAYERS[name]
-    ref, ours = make(pyg).double(), make(gnn_all).double()
-    ours.load_state_dict(ref.state_dict())
-    x = features(nan_rows=(4, 5))
-    got = outputs_and_grads(ours, lambda xs: ours(xs, EDGE_INDEX), x)
-    expected = outputs_and_grads(ref, lambda xs: ref(xs, EDGE_INDEX), x)
-    assert got.keys() == expected.keys() and all(torch.isfinite(expected[key]).all() for key in finite)
-    for key in got:
-        assert_same_values(got[key], expected[key], key)
+    _, expected = _compiled_against_pyg(name, "cpu")
+    assert all(torch.isfinite(expected[key]).all() for key in PYG_MESSAGE_LAYERS[name][1])
 
 
 @pytest.mark.parametrize("name", PYG_MESSAGE_LAYERS)
@@ -147,7 +155,6 @@ def test_compiled_pyg_messages_run_a_first_pass_under_autograd_keeping_pygs_grad
     ``stop_gradient``) lacked the mark, so these layers' mini-batch steps took the autograd
     Function and walked gnnfuse's backward program op by op instead. Under autograd the
     unread rows' NaN stays out of the weight gradients as well."""
-    import gnnfuse.nn as gnn_all
     from first_pass_check import DEVICE, triton_by_default
     from gnnfuse.runtime import compiled
     triton_by_default(monkeypatch)
@@ -155,33 +162,16 @@ def test_compiled_pyg_messages_run_a_first_pass_under_autograd_keeping_pygs_grad
     real = compiled.CompiledProgram._run_under_autograd
     monkeypatch.setattr(compiled.CompiledProgram, "_run_under_autograd",
                         lambda self, *args: runs.append(self) or real(self, *args))
-    torch.manual_seed(3)
-    make, finite = PYG_MESSAGE_LAYERS[name]
-    ref, ours = make(pyg).double(), make(gnn_all).double().to(DEVICE)
-    ours.load_state_dict(ref.state_dict())
-    x = features(nan_rows=(4, 5))
-    got = outputs_and_grads(ours, lambda xs: ours(xs, EDGE_INDEX.to(DEVICE)), x.to(DEVICE))
-    expected = outputs_and_grads(ref, lambda xs: ref(xs, EDGE_INDEX), x)
+    got, _ = _compiled_against_pyg(name, DEVICE)
     assert len(runs) == 1, f"{name}: {len(runs)} programs ran under autograd"
-    assert all(torch.isfinite(got[key]).all() for key in finite)
-    for key in got:
-        assert_same_values(got[key].cpu(), expected[key], key)
+    assert all(torch.isfinite(got[key]).all() for key in PYG_MESSAGE_LAYERS[name][1])
 
 
 @pytest.mark.parametrize("name", PYG_MESSAGE_LAYERS)
 def test_compiled_pyg_messages_mask_unread_rows_on_each_backend(name, backend, device):
     """The same on the Triton kernels (the interpreter here) as on the reference executor:
     ``zero_unread_rows`` runs as a torch op beside them."""
-    import gnnfuse.nn as gnn_all
-    torch.manual_seed(3)
-    make, _ = PYG_MESSAGE_LAYERS[name]
-    ref, ours = make(pyg).double(), make(gnn_all).double().to(device)
-    ours.load_state_dict(ref.state_dict())
-    x = features(nan_rows=(4, 5))
-    got = outputs_and_grads(ours, lambda xs: ours(xs, EDGE_INDEX.to(device)), x.to(device))
-    expected = outputs_and_grads(ref, lambda xs: ref(xs, EDGE_INDEX), x)
-    for key in got:
-        assert_same_values(got[key].cpu(), expected[key], key)
+    _compiled_against_pyg(name, device)
 
 
 def test_zero_unread_rows_zeroes_by_index_and_passes_a_fully_read_table_itself():
