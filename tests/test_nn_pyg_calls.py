@@ -426,6 +426,14 @@ def test_a_coo_adj_t_flagged_coalesced_that_repeats_a_position_is_refused(name):
     layer, x = getattr(gnn, name)(F_IN, 3, **kwargs).double(), torch.randn(4, F_IN, dtype=torch.float64)
     with pytest.raises(ValueError, match="flagged coalesced but stores a position twice"):
         layer(x, flagged)
+    # the repeat stored next to itself, every other entry in row-major order: only the
+    # repeat itself shows (a check for order alone, ``>=``, read it as two edges)
+    rows, cols = adj_t._indices()
+    in_order = (rows * 4 + cols).argsort(stable=True)
+    flagged = torch.sparse_coo_tensor(adj_t._indices()[:, in_order], adj_t._values()[in_order], adj_t.shape,
+                                      is_coalesced=True)
+    with pytest.raises(ValueError, match="flagged coalesced but stores a position twice"):
+        layer(x, flagged)
     ordered = torch.sparse_coo_tensor(edge_index[:, 1:].flip(0), torch.ones(4, dtype=torch.float64),
                                       (4, 4)).coalesce()
     flagged = torch.sparse_coo_tensor(ordered._indices().flip(1), ordered._values(), (4, 4), is_coalesced=True)
