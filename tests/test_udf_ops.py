@@ -220,8 +220,10 @@ NEAR_EDGES = [0.0, 1e-30, -1e-7, 1e-7, -1e-4, 3e-3, -0.1, 0.3, -0.55, 1.0, -2.0,
               float("inf"), float("-inf"), float("nan")]
 PRECISE_OPS = {"tanh": torch.tanh, "elu": F.elu, "elu_alpha": lambda t: F.elu(t, 0.5), "softplus": F.softplus,
                "softplus_beta": lambda t: F.softplus(t, 0.5, 4.0),
-               # slopes at exactly 0 (and NaN): torch's relu passes 0 there, leaky_relu the slope
-               "relu": torch.relu, "leaky_relu": lambda t: F.leaky_relu(t, 0.2)}
+               # slopes at exactly 0 (and NaN): torch's relu passes 0 there, leaky_relu the slope,
+               # clamp the whole gradient at its bound (once: `step` plus `eq` of the bound)
+               "relu": torch.relu, "leaky_relu": lambda t: F.leaky_relu(t, 0.2),
+               "clamp_min": lambda t: t.clamp(min=0.0)}
 ULPS = 4   # Triton's interpreter takes float32 exp and log from numpy, which are not exact themselves
 # On a GPU, Triton's float32 exp is the approximate instruction, whose error grows with
 # |x| (softplus(-100, beta=0.5) was 9 ulps off on the H200), and it flushes subnormal
