@@ -362,6 +362,7 @@ def test_repr_is_pygs_one_line_form(name):
 ATTENTION_CONFS = [dict(edge_dim=3), dict(edge_dim=3, fill_value=0.5), dict(edge_dim=1, fill_value="max"),
                    dict(edge_dim=3, fill_value=torch.tensor([0.1, -0.2, 0.3])), dict(residual=True),
                    dict(residual=True, concat=False, edge_dim=3, fill_value="add"),
+                   dict(edge_dim=3, fill_value="min"), dict(edge_dim=3, fill_value="mul"),
                    dict(edge_dim=3, add_self_loops=False),
                    dict(edge_dim=17)]   # wider than passes.fusion.MAX_EDGE_FEATURES: lin_edge run by torch
 
