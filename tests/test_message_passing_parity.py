@@ -605,6 +605,16 @@ def test_a_learnt_softmax_temperature_reuses_the_trace_and_reads_the_current_val
     assert len(traced) == 1
 
 
+def test_a_learnt_softmax_temperature_keeps_full_gradients_when_semi_grad_is_set_later():
+    """PyG's SoftmaxAggregation stops the softmax's gradient only when ``semi_grad`` is set
+    and ``t`` is not learnt (its constructor refuses both, but the attribute can be set
+    afterwards): a learnt ``t`` keeps every gradient, x's and t's, whatever ``semi_grad``."""
+    ours, theirs = twins(make_aggregating, aggr=SoftmaxAggregation(t=0.7, learn=True))
+    ours.aggr_module.semi_grad = theirs.aggr_module.semi_grad = True
+    x = torch.randn(6, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    assert_same(compiled_run(ours, x, EDGES), run(theirs, x, EDGES))
+
+
 def make_defaulted_update(Base: type) -> type:
     """``update`` with a defaulted flag that the ``propagate`` call does not pass (PyG's
     template-generated propagate gives it its default, False)."""
