@@ -163,6 +163,21 @@ def test_pygs_negative_sampling_object_and_weights_are_read():
         assert negatives.numel() and set(negatives.flatten().tolist()) <= {3, 7}
 
 
+
+def test_binary_negatives_draw_sources_by_src_weight_and_destinations_by_dst_weight():
+    """Each endpoint of a negative comes from its own weights (PyG's): sources only where
+    ``src_weight`` is non-zero, destinations only where ``dst_weight`` is (drawing both by
+    one endpoint's weights had passed the test above, whose weights are equal)."""
+    data = pyg_data(_power_law(20, 50), 20)
+    src_weight, dst_weight = torch.zeros(20), torch.zeros(20)
+    src_weight[3], dst_weight[[7, 11]] = 1.0, 1.0
+    loader = LinkNeighborLoader(data, [2], batch_size=10,
+                                neg_sampling=NegativeSampling("binary", 2, src_weight=src_weight, dst_weight=dst_weight))
+    for batch in loader:
+        src, dst = batch.n_id[batch.edge_label_index[:, batch.input_id.numel():]]
+        assert src.numel() == 2 * batch.input_id.numel()
+        assert set(src.tolist()) == {3} and set(dst.tolist()) <= {7, 11}
+
 def _gae(channels: int, backend_device: str):
     torch.manual_seed(0)
     return torch.nn.ModuleList([gnnfuse.nn.SAGEConv(channels, 8), gnnfuse.nn.SAGEConv(8, 4)]).double().to(
