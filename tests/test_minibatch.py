@@ -324,3 +324,26 @@ def test_dkp_calibration_draws_nothing_from_the_training_random_state():
     placement = _fit_placement(model, loader)
     assert torch.equal(torch.get_rng_state(), before)
     assert all(conv.placement is placement for conv in model.convs)
+
+
+def test_a_mini_batch_epochs_losses_are_the_seed_weighted_train_loss_and_the_val_loss():
+    """With whole neighbourhoods, no learning rate and no dropout every batch sees the
+    full-graph model, so an epoch's reported loss is the cross-entropy over all training
+    vertices (batch means weighted by their seeds; an unweighted sum over the seeds
+    count had passed) and its validation loss the one over the validation vertices (the
+    training ones had passed, and that loss picks the best epoch among ties)."""
+    import torch.nn.functional as F
+    from gnnfuse.data import load_node_dataset
+    from gnnfuse.training import make_config, train_runs
+    config = make_config("sage", fanout=(-1, -1), batch_size=30, epochs=1, lr=0.0, dropout=0.0, hidden=8,
+                         weight_decay=0.0)
+    run = train_runs(config, log_epochs=False).runs[0]
+    data = load_node_dataset(config.dataset)
+    torch.manual_seed(run.seed)
+    model = build_block_model("sage", data.num_features, data.num_classes, 8, 0.0, 2).eval()
+    with torch.no_grad():
+        logits = model(data.x, data.graph)
+    assert int(data.train_mask.sum()) % 30, "the last batch should be shorter"
+    for key, mask in (("loss", data.train_mask), ("val_loss", data.val_mask)):
+        expected = F.cross_entropy(logits[mask], data.y[mask]).item()
+        assert run.history[key] == pytest.approx([expected], rel=1e-5), key
