@@ -85,6 +85,17 @@ def test_patience_counts_epochs_where_neither_val_accuracy_nor_loss_improved():
     assert stopping.should_stop and stopping.epoch == 6
 
 
+
+def test_a_run_diverged_from_its_first_epoch_reports_nan_not_the_starting_minus_one():
+    """No epoch was ever best: the run's validation accuracy is NaN (``-1``, the value
+    the comparison starts from, had passed the suite as a result)."""
+    stopping = EarlyStopping(patience=None)
+    stopping.diverge(1)
+    assert math.isnan(stopping.reported_val_acc)
+    stopping = EarlyStopping(patience=None)
+    stopping.step(1, 0.25, 1.0)
+    assert stopping.reported_val_acc == 0.25
+
 def test_a_diverged_run_stops_and_never_reports_a_nan_models_accuracy():
     """An epoch whose loss is not finite: its accuracies are argmax over NaN logits
     (class 0 everywhere), which once became the run's best epoch and result."""
@@ -648,3 +659,4 @@ def test_a_bad_setting_variable_is_a_usage_error_not_a_traceback(name, value, mo
     with pytest.raises(SystemExit) as stop:
         main(["train", "--epochs", "1"])
     assert stop.value.code == 2 and name in capsys.readouterr().err
+
