@@ -660,3 +660,21 @@ def test_a_bad_setting_variable_is_a_usage_error_not_a_traceback(name, value, mo
         main(["train", "--epochs", "1"])
     assert stop.value.code == 2 and name in capsys.readouterr().err
 
+
+def test_a_full_graph_epochs_losses_are_the_train_and_val_cross_entropies():
+    """With no learning rate and no dropout an epoch's loss is the cross-entropy over the
+    training vertices and its validation loss the one over the validation vertices (the
+    test vertices' had passed the suite, and that loss picks the best epoch among ties
+    and drives the patience rule)."""
+    import torch.nn.functional as F
+    from gnnfuse.data import load_node_dataset
+    config = make_config("gcn", epochs=1, lr=0.0, dropout=0.0, hidden=8, weight_decay=0.0)
+    run = train_runs(config, log_epochs=False).runs[0]
+    data = load_node_dataset(config.dataset)
+    torch.manual_seed(run.seed)
+    model = models.build_model("gcn", data.num_features, data.num_classes, 8, 0.0).eval()
+    with torch.no_grad():
+        logits = model(data.x, data.graph)
+    for key, mask in (("loss", data.train_mask), ("val_loss", data.val_mask)):
+        expected = F.cross_entropy(logits[mask], data.y[mask]).item()
+        assert run.history[key] == pytest.approx([expected], rel=1e-5), key
