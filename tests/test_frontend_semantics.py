@@ -2105,7 +2105,8 @@ def _an_edit_of_a_shows_as_in_eager_code(udf, g, h, calls: int) -> None:
 def _reshapes_of_one_score(edges):
     s = edges.src["h"] * edges.dst["h"]
     flat = s.reshape(-1, 2, s.shape[-1] // 2)
-    return {"a": flat, "b": s.reshape(-1, s.shape[-1] // 2, 2), "c": flat.reshape(-1, 3, 2)[:, 1:]}
+    # d slices s itself: remade from a, it needs a reshaped back to s's shape first
+    return {"a": flat, "b": s.reshape(-1, s.shape[-1] // 2, 2), "c": flat.reshape(-1, 3, 2)[:, 1:], "d": s[:, 1:4]}
 
 
 @pytest.mark.parametrize("backend", ["reference", "cpu", "triton"])
