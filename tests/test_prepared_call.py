@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 import gnnfuse
 from gnnfuse.backend.forced_schedule import ForcedSchedule, forcing
 from gnnfuse.backend.triton import executor as triton_executor
+from gnnfuse.graph.graph import GraphModifiedError
 from gnnfuse.runtime import compiled as runtime_compiled
 from gnnfuse.runtime.compiled import record_calls
 from oracle_check import device_for
@@ -123,6 +124,21 @@ def test_an_input_needing_a_gradient_takes_the_autograd_path(full_path):
     with torch.no_grad():           # no gradient recorded: the prepared call serves it
         _call(graph, h, full_path, full=False)
 
+
+
+def test_a_graph_edited_in_place_after_preparing_is_refused_not_run_on_old_plans(full_path):
+    """The prepared run's plans hold the layouts of the edges it was built with: a
+    ``graph.src`` edited in place since is a GraphModifiedError on the prepared path too
+    (without the check a two-input program returned the old edges' sums, 1.6 off)."""
+    graph = _graph(device=DEVICE)
+    h, w = _inputs(graph), _inputs(graph, width=1, seed=9)
+    with torch.no_grad():
+        for _ in range(3):
+            _scaled_sum(graph, {"h": h, "w": w})
+        assert _scaled_sum.compiled(({"h": h, "w": w}, {}, {}, {}))[0].prepared is not None
+        graph.src[0] = (graph.src[0] + 1) % graph.num_nodes
+        with pytest.raises(GraphModifiedError, match="in-place operation"):
+            _scaled_sum(graph, {"h": h, "w": w})
 
 @pytest.mark.parametrize("change", ["backend", "schedule", "forced", "tiled", "segment", "autotune", "siblings"])
 def test_a_setting_changed_between_calls_takes_the_full_path(full_path, monkeypatch, change):
