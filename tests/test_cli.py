@@ -678,3 +678,17 @@ def test_a_full_graph_epochs_losses_are_the_train_and_val_cross_entropies():
     for key, mask in (("loss", data.train_mask), ("val_loss", data.val_mask)):
         expected = F.cross_entropy(logits[mask], data.y[mask]).item()
         assert run.history[key] == pytest.approx([expected], rel=1e-5), key
+
+
+def test_load_checkpoint_gives_each_runs_own_weights(tmp_path):
+    """``load_checkpoint(path, run)`` builds run ``run``'s model (runs of other seeds have
+    other weights; reading the next run's had passed the suite)."""
+    summary = train_runs(make_config("gcn", runs=2, epochs=1, hidden=8), log_epochs=False)
+    path = tmp_path / "two_runs.pt"
+    save_checkpoint(summary, path)
+    for run in range(2):
+        model, checkpoint = load_checkpoint(path, run)
+        expected = summary.runs[run].state_dict
+        assert model.state_dict().keys() == expected.keys()
+        for key, value in model.state_dict().items():
+            torch.testing.assert_close(value, expected[key], rtol=0, atol=0)
