@@ -205,3 +205,12 @@ def test_inverse_relations_keep_node_types_and_refuse_a_bipartite_graph():
     assert both.src.tolist() == [0, 1, 1, 2] and both.edge_type.tolist() == [0, 1, 2, 3]
     with pytest.raises(ValueError, match=r"with_inverse_relations: the graph is bipartite \(2 sources, 3 dest"):
         with_inverse_relations(Graph(src, dst, 3, edge_type=etype, num_src_nodes=2))
+
+
+def test_hits_at_10_counts_rank_10_and_not_a_tie_past_it():
+    """Hits@10 is the share ranked 10 or better: rank 10 counts, 10.5 (a tie straddling
+    it) and 11 do not (``< 10`` had passed the suite)."""
+    ranks = torch.tensor([1.0, 10.0, 10.5, 11.0], dtype=torch.float64)
+    mrr, hits = ranking_metrics(ranks)
+    assert hits == 0.5
+    assert mrr == pytest.approx((1 + 1 / 10 + 1 / 10.5 + 1 / 11) / 4, rel=1e-12)
