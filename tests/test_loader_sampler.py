@@ -472,3 +472,16 @@ def test_first_occurrence_numbering_matches_a_python_walk(values, with_missing):
     assert int(count) == len(ids)
     assert nodes[:len(ids)].tolist() == list(ids)
     assert [int(i) for i, v in zip(local, values) if v != missing] == [ids[v] for v in values if v != missing]
+
+
+@pytest.mark.parametrize("seeds", [12, 13])
+def test_drop_last_drops_only_a_short_last_batch_and_len_counts_the_batches(seeds):
+    """As torch's DataLoader: ``drop_last`` drops a last batch smaller than
+    ``batch_size`` and keeps a full one, and ``len`` is the number of batches yielded
+    (a full last batch dropped, and a len counting the dropped one, had passed)."""
+    graph = gnnfuse.Graph(torch.arange(20), (torch.arange(20) + 1) % 20, 20)
+    for drop_last in (False, True):
+        loader = NeighborLoader(graph, [1], batch_size=4, input_nodes=torch.arange(seeds), drop_last=drop_last)
+        sizes = [batch.batch_size for batch in loader]
+        expected = [4, 4, 4] + ([1] if seeds == 13 and not drop_last else [])
+        assert sizes == expected and len(loader) == len(expected)
