@@ -172,7 +172,8 @@ def test_binary_negatives_draw_sources_by_src_weight_and_destinations_by_dst_wei
     src_weight, dst_weight = torch.zeros(20), torch.zeros(20)
     src_weight[3], dst_weight[[7, 11]] = 1.0, 1.0
     loader = LinkNeighborLoader(data, [2], batch_size=10,
-                                neg_sampling=NegativeSampling("binary", 2, src_weight=src_weight, dst_weight=dst_weight))
+                                neg_sampling=NegativeSampling("binary", 2, src_weight=src_weight,
+                                                              dst_weight=dst_weight))
     for batch in loader:
         src, dst = batch.n_id[batch.edge_label_index[:, batch.input_id.numel():]]
         assert src.numel() == 2 * batch.input_id.numel()
