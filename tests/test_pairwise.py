@@ -230,28 +230,39 @@ def test_hinge_sums_through_pair_rows_without_the_sorting_rewrite(name, backend,
     _check(name, backend, *_graph(), monkeypatch)
 
 
+def _tied_scores(backend: str, monkeypatch):
+    """The backend's graph (with its src and dst) and, needing gradients, features ``h``
+    and integer edge scores with many exact ties between different edges; the generator
+    that drew them, for more."""
+    monkeypatch.setenv("GNNFUSE_BACKEND", backend)
+    device = _device(backend)
+    src, dst = (t.to(device) for t in _graph())
+    gen = torch.Generator().manual_seed(7)
+    h = torch.randn(N, F_OUT, dtype=torch.float64, generator=gen).to(device).requires_grad_()
+    score = torch.randint(0, 3, (len(src), 1), generator=gen).to(device, torch.float64).requires_grad_()
+    return gnnfuse.Graph(src, dst, N), src, dst, h, score, gen
+
+
+def _projected_grads(out: torch.Tensor, wrt: list[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+    """Gradients of ``out`` under a fixed projection, so every output element counts."""
+    weight = torch.linspace(-1, 1, out.numel(), dtype=out.dtype, device=out.device).view_as(out)
+    return torch.autograd.grad((out * weight).sum(), wrt)
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("name", ["weighted-cgat", "flipped-hinge"])
 def test_tied_scores_get_torchs_gradient(name, backend, monkeypatch):
     """Scores read from edge data with many exact ties between different edges: clamp's
     gradient at a tie passes (torch.clamp), relu's does not; the edge data's gradient
     shows which, on the sorted path and on pair rows."""
-    monkeypatch.setenv("GNNFUSE_BACKEND", backend)
-    device = _device(backend)
-    src, dst = (t.to(device) for t in _graph())
-    graph = gnnfuse.Graph(src, dst, N)
-    gen = torch.Generator().manual_seed(7)
-    h = torch.randn(N, F_OUT, dtype=torch.float64, generator=gen).to(device).requires_grad_()
-    score = torch.randint(0, 3, (len(src), 1), generator=gen).to(device, torch.float64).requires_grad_()
-    t = torch.randn(len(src), 1, dtype=torch.float64, generator=gen).to(device)
+    graph, src, dst, h, score, gen = _tied_scores(backend, monkeypatch)
+    t = torch.randn(len(src), 1, dtype=torch.float64, generator=gen).to(h.device)
 
     def message(edges):
         return {"z": edges.src["h"], "e": edges.data["s"], "t": edges.data["t"]}
 
     def grads(run):
-        out = run()
-        weight = torch.linspace(-1, 1, out.numel(), dtype=out.dtype, device=out.device).view_as(out)
-        return torch.autograd.grad((out * weight).sum(), [h, score])
+        return _projected_grads(run(), [h, score])
 
     expected = grads(lambda: dgl_update_all(src, dst, N, message, REDUCES[name], {"h": h}, {"s": score, "t": t})["h"])
     assert expected[1].abs().sum() > 0
@@ -277,21 +288,14 @@ def test_tied_pair_maxima_split_their_gradient_as_torch_amax(backend, monkeypatc
     """A max or min over a pair axis gives each of the tied pairs an equal share of the
     gradient, as torch.amax/amin do: a backward sending each tied pair the whole gradient
     (no division by the tie count) passed every other test here, whose maxima are untied."""
-    monkeypatch.setenv("GNNFUSE_BACKEND", backend)
-    device = _device(backend)
-    src, dst = (t.to(device) for t in _graph())
-    graph = gnnfuse.Graph(src, dst, N)
-    gen = torch.Generator().manual_seed(7)
-    h = torch.randn(N, F_OUT, dtype=torch.float64, generator=gen).to(device).requires_grad_()
-    score = torch.randint(0, 3, (len(src), 1), generator=gen).to(device, torch.float64).requires_grad_()
+    graph, src, dst, h, score, _ = _tied_scores(backend, monkeypatch)
 
     def message(edges):
         return {"z": edges.src["h"], "e": edges.data["s"]}
 
     def grads(run):
         out = run()
-        weight = torch.linspace(-1, 1, out.numel(), dtype=out.dtype, device=out.device).view_as(out)
-        return (out, *torch.autograd.grad((out * weight).sum(), [h, score]))
+        return (out, *_projected_grads(out, [h, score]))
 
     expected = grads(lambda: dgl_update_all(src, dst, N, message, tied_pair_max_reduce, {"h": h}, {"s": score})["h"])
     assert expected[2].abs().sum() > 0
