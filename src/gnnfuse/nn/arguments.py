@@ -16,6 +16,7 @@ import scipy.sparse as sp
 import torch
 
 from ..graph.convert import check_adjacency_shape, coalesced, is_sparse_adjacency, scipy_weights
+from ..ir.ops.movement import reduce_rows
 
 
 def node_features(x: Any, layer: str) -> torch.Tensor:
@@ -179,14 +180,12 @@ def edge_weight_column(edge_weight: torch.Tensor, graph: Any, dtype: torch.dtype
 
 def weighted_degrees(weight: torch.Tensor, index: torch.Tensor, num_nodes: int) -> torch.Tensor:
     """The sum of the [E] ``weight`` at each of ``num_nodes`` vertices by ``index``, in
-    ``weight``'s dtype and attached to autograd: a float16/bfloat16 sum is accumulated in
-    float32 and rounded once, as PyG's ``scatter`` (torch's ``scatter_add``) does. Torch's
-    CPU ``index_add`` of a 1-D half tensor adds in the half type: a bfloat16 degree of
-    2,000 in-edges weighted about 0.5 stopped at 256, and GCNConv's output was off by 85%."""
-    if weight.dtype in (torch.float16, torch.bfloat16):
-        wide = weight.new_zeros(num_nodes, dtype=torch.float32).index_add(0, index, weight.float())
-        return wide.to(weight.dtype)
-    return weight.new_zeros(num_nodes).index_add(0, index, weight)
+    ``weight``'s dtype and attached to autograd, by the reference executor's own sum
+    (`reduce_rows`): a float16/bfloat16 sum accumulates in float32 and rounds once, as
+    PyG's ``scatter`` does, where torch's CPU ``index_add`` of a 1-D half tensor adds in the
+    half type (a bfloat16 degree of 2,000 in-edges weighted about 0.5 stopped at 256, and
+    GCNConv's output was off by 85%)."""
+    return reduce_rows(weight, index, num_nodes, "sum")
 
 
 def refuse_stored_loops(edge_index: Any, layer: str) -> None:
