@@ -350,7 +350,7 @@ def _passes_neighbours(expr: ast.expr, lists: set[str]) -> bool:
 def _counting_lines(tree: ast.AST, lists: set[str]) -> list[tuple[int, str]]:
     found = []
     parents = {child: parent for parent in ast.walk(tree) for child in ast.iter_child_nodes(parent)}
-    degrees, fixed = _degree_names(tree, lists), _constant_names(tree)
+    degrees, fixed = _degree_names(tree, lists), _constant_names(tree, parents)
     several = _several_per_neighbour(tree, lists)
     for node in ast.walk(tree):
         if isinstance(node, ast.For) and _walks_neighbours(node.iter, lists):
@@ -366,10 +366,10 @@ def _counting_lines(tree: ast.AST, lists: set[str]) -> list[tuple[int, str]]:
             found += [(n.lineno, message) for stmt in node.body for n in ast.walk(stmt)
                       for message in _fills(n, derived)]
             found += [(n.lineno, _INNER) for stmt in node.body for n in ast.walk(stmt) if _inner_reduction(n, derived, lists)]
-            found += [(line, _LAST) for line in _read_after(node, derived, tree)]
+            found += [(line, _LAST) for line in _read_after(node, derived, tree, parents)]
             found += [(line, _CARRIED) for line in _carried(node, derived)]
             found += [(n.lineno, _STATEFUL) for stmt in node.body for n in ast.walk(stmt) if _steps_outside(n, node)]
-            found += [(line, _LATE) for line in _late_bound(list(_own_scope(node.body)), derived, node, parents)]
+            found += [(line, _LATE) for line in _late_bound(list(_own_scope(node.body)), derived, node, tree, parents)]
         elif _is_comprehension(node) and any(_walks_neighbours(g.iter, lists) for g in node.generators):
             outer = set().union(*(_names(g.target) for g in node.generators))
             items = set().union(*(_neighbour_items(g.target, g.iter) for g in node.generators))
@@ -387,7 +387,7 @@ def _counting_lines(tree: ast.AST, lists: set[str]) -> list[tuple[int, str]]:
                       if _inner_reduction(n, outer, lists)]
             walrus = {n.target.id for part in _comprehension_body(node) for n in ast.walk(part)
                       if isinstance(n, ast.NamedExpr) and _reads(n.value, outer)}
-            found += [(line, _LAST) for line in _read_after(node, walrus, tree)]
+            found += [(line, _LAST) for line in _read_after(node, walrus, tree, parents)]
             found += [(n.lineno, _CARRIED) for part in _comprehension_body(node) for n in ast.walk(part)
                       if _carries(n, outer)]
             found += [(n.lineno, message) for part in _comprehension_body(node) for n in ast.walk(part)
@@ -395,7 +395,7 @@ def _counting_lines(tree: ast.AST, lists: set[str]) -> list[tuple[int, str]]:
             found += [(n.lineno, _STATEFUL) for part in _comprehension_body(node) for n in ast.walk(part)
                       if _steps_outside(n, node)]
             found += [(line, _LATE) for line in _late_bound(
-                [n for part in _comprehension_body(node) for n in ast.walk(part)], outer, node, parents)]
+                [n for part in _comprehension_body(node) for n in ast.walk(part)], outer, node, tree, parents)]
         elif isinstance(node, ast.Call) and any(_passes_neighbours(a, lists) for a in node.args):
             name = _called_name(node.func)
             if name == "enumerate" and _positions_only_index(node, parents, lists):
@@ -749,7 +749,7 @@ def _fills(node: ast.AST, derived: set[str]) -> list[str]:
     return [] if node.args and _reads(node.args[0], derived) else [_LOOP]
 
 
-def _read_after(scope: ast.AST, names: set[str], tree: ast.AST) -> list[int]:
+def _read_after(scope: ast.AST, names: set[str], tree: ast.AST, parents: dict[ast.AST, ast.AST]) -> list[int]:
     """Lines reading, after ``scope`` (a loop or comprehension over the neighbours), a name
     it bound to a per-neighbour value (``u``, ``m = u.h @ W``, ``(y := u.h)``): eager code
     reads the last neighbour's, the trace its one symbolic neighbour. A loop's ``else:``
@@ -760,10 +760,10 @@ def _read_after(scope: ast.AST, names: set[str], tree: ast.AST) -> list[int]:
     after = orelse + [n for n in ast.walk(tree) if isinstance(n, ast.Name) and (n.lineno, n.col_offset) > end]
     again = {n.id for n in after if not isinstance(n.ctx, ast.Load)}
     return [n.lineno for n in after if isinstance(n.ctx, ast.Load) and n.id in names - again] + \
-        _closure_reads(scope, names, tree)
+        _closure_reads(scope, names, tree, parents)
 
 
-def _closure_reads(scope: ast.AST, names: set[str], tree: ast.AST) -> list[int]:
+def _closure_reads(scope: ast.AST, names: set[str], tree: ast.AST, parents: dict[ast.AST, ast.AST]) -> list[int]:
     """Lines of a function or lambda defined outside ``scope`` (before the loop: ``def
     msg(): return u.h``) that reads one of ``names`` from the enclosing function: called
     after the loop it has the last neighbour's value in eager code (called in it, it reads
@@ -771,7 +771,6 @@ def _closure_reads(scope: ast.AST, names: set[str], tree: ast.AST) -> list[int]:
     a count)."""
     inside = {id(n) for n in ast.walk(scope)}
     outermost = {id(n) for n in getattr(tree, "body", [])}
-    parents = {child: parent for parent in ast.walk(tree) for child in ast.iter_child_nodes(parent)}
     lines = []
     for function in ast.walk(tree):
         if (not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)) or id(function) in inside
@@ -828,8 +827,8 @@ def _carried(loop: ast.For, derived: set[str]) -> list[int]:
     return lines + [n.lineno for n in _own_scope(loop.body) if _carries(n, derived)]
 
 
-def _late_bound(nodes: list[ast.AST], names: set[str], scope: ast.AST, parents: dict[ast.AST, ast.AST]
-                ) -> list[int]:
+def _late_bound(nodes: list[ast.AST], names: set[str], scope: ast.AST, tree: ast.AST,
+                parents: dict[ast.AST, ast.AST]) -> list[int]:
     """Lines of a function or lambda defined among ``nodes`` (the body of ``scope``, a loop
     or comprehension over the neighbours) that reads one of ``names`` (per-neighbour values)
     as a free variable and is kept to be called later (``fs = [lambda: u.h for u in
@@ -853,19 +852,13 @@ def _late_bound(nodes: list[ast.AST], names: set[str], scope: ast.AST, parents: 
             if isinstance(user, ast.Call) and (user.func is node or (node in user.args and not _fill_call(user))):
                 continue
         else:
-            uses = [n for n in ast.walk(_root(scope, parents)) if isinstance(n, ast.Name) and n.id == node.name
+            uses = [n for n in ast.walk(tree) if isinstance(n, ast.Name) and n.id == node.name
                     and isinstance(n.ctx, ast.Load)]
             if all(isinstance(parents.get(n), ast.Call) and parents[n].func is n and (n.lineno, n.col_offset) < end
                    for n in uses):
                 continue
         lines.append(node.lineno)
     return lines
-
-
-def _root(node: ast.AST, parents: dict[ast.AST, ast.AST]) -> ast.AST:
-    while node in parents:
-        node = parents[node]
-    return node
 
 
 def _carries(node: ast.AST, derived: set[str]) -> bool:
@@ -1230,10 +1223,10 @@ def _fixed_position(index: ast.expr, fixed: set[str] = frozenset()) -> bool:
             or (isinstance(index, ast.Call) and _called_name(index.func) == "slice"))      # [slice(2)]
 
 
-def _constant_names(tree: ast.AST) -> set[str]:
-    """Names every binding of which in ``tree`` is an integer written out (``k = 0``, ``k =
-    -1``): a subscript by one is a fixed position, as ``[0]`` is."""
-    parents = {child: parent for parent in ast.walk(tree) for child in ast.iter_child_nodes(parent)}
+def _constant_names(tree: ast.AST, parents: dict[ast.AST, ast.AST]) -> set[str]:
+    """Names every binding of which in ``tree`` (whose nodes ``parents`` maps to their
+    parents) is an integer written out (``k = 0``, ``k = -1``): a subscript by one is a
+    fixed position, as ``[0]`` is."""
     constant: dict[str, bool] = {}
     for node in ast.walk(tree):
         if isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Load):
