@@ -4,8 +4,7 @@ A UDF returning ``{"a": s, "b": s.reshape(E, 2, 3)}`` gives, in eager code, a ``
 is a view of ``a``: an in-place edit of one shows in the other. The reference executor
 runs the reshape as torch does and returns that view (with gradients, autograd then
 refuses to read the view after an edit of either, naming ``_ProgramFunction``), but the
-fused backends write each output
-into a buffer of its own, so after ``out["a"].mul_(2)`` the CPU and Triton backends'
+fused backends write each output into a buffer of its own, so after ``out["a"].mul_(2)`` the CPU and Triton backends'
 ``b`` still held the old values, silently unlike eager code (2.6 off on a 6-edge graph).
 `rebuild_views` remakes each such output from the output it views, by the same torch
 ops, so every backend returns what the reference one does. Two outputs viewing one value
