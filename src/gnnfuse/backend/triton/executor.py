@@ -10,6 +10,7 @@ import triton
 
 from ...graph.index_cache import functorch_interpreter
 from ...ir import Program, Residency, Value, get_op
+from ...ir.ops.movement import WIDENED_SUMS
 from ...passes.fusion import AggregateUnit, EdgeUnit, SharedReduceUnit, Unit, gathered_leaves, leaf_kind
 from ...passes.siblings import SiblingGroup, fused_plan
 from ...passes.type_sums import TYPE_INDEX, TypeSumUnit, rider_fits
@@ -835,16 +836,14 @@ def _plan_scan_unit(unit: AggregateUnit, ctx: GraphContext, kernel, csr: tuple, 
 # Half-precision sums that add into ``out`` atomically (the COO and scan schedules) add
 # into a float32 ``out`` and are rounded once after: atomic adds in the half type round
 # every add, and a float16 neighbour sum of 20,000 in-edges of about 0.015 stopped at 64
-# (302 in float32), where torch's sum and the walks' registers accumulate in float32.
-_ATOMIC_WIDENED = (torch.float16, torch.bfloat16)
-
-
+# (302 in float32), where torch's sum and the walks' registers accumulate in float32 --
+# the dtypes the reference executor's sums widen (`WIDENED_SUMS`).
 def _atomic_out_dtype(dtype: torch.dtype) -> torch.dtype:
-    return torch.float32 if dtype in _ATOMIC_WIDENED else dtype
+    return torch.float32 if dtype in WIDENED_SUMS else dtype
 
 
 def _atomic_cast(dtype: torch.dtype) -> torch.dtype | None:
-    return dtype if dtype in _ATOMIC_WIDENED else None
+    return dtype if dtype in WIDENED_SUMS else None
 
 
 # A scan kernel's edges per program where nothing autotunes (`fixed_csr_blocks` says where):

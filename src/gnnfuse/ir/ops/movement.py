@@ -109,12 +109,13 @@ def contended(entries: int, rows: int) -> bool:
 # ``scatter`` (on the CPU) do: torch's CPU ``index_add_`` of a 1-D half tensor adds in the
 # half type, and a bfloat16 sum of 2,000 scalar messages near 0.6 stopped at 512 (1,224
 # in float64; DGL-style ``torch.sum(mailbox, 1)`` gives 1,224), and a GPU's atomic adds
-# round each add to the half type whatever the width.
-_WIDENED_SUMS = (torch.float16, torch.bfloat16)
+# round each add to the half type whatever the width (the Triton backend's atomic sums
+# read it too).
+WIDENED_SUMS = (torch.float16, torch.bfloat16)
 
 
 def reduce_rows(x: torch.Tensor, index: torch.Tensor, rows: int, op: str) -> torch.Tensor:
-    if op == "sum" and x.dtype in _WIDENED_SUMS:
+    if op == "sum" and x.dtype in WIDENED_SUMS:
         return reduce_rows(x.float(), index, rows, op).to(x.dtype)
     out = x.new_zeros((rows,) + tuple(x.shape[1:]))
     if op == "sum":
