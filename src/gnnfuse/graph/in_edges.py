@@ -78,16 +78,15 @@ def refuse_square_reading(layer: str, block: Graph, named: dict) -> None:
     layer's rows, silently). Pairs (``(x, x[rows])``; ``(x[rows], x)`` on the reverse),
     tables of the chosen vertices alone and edge-level values (``edge_*``, a row per edge)
     are read correctly and pass."""
-    sides = (block.num_src_nodes, block.num_dst_nodes)
-    every = _chosen(block)[1]      # a table of every vertex has the other side's row count
+    rows, every = _chosen(block)       # a table of every vertex has the other side's row count
     for key, value in named.items():
         if (isinstance(value, torch.Tensor) and not key.startswith("edge") and value.dim() > 0
                 and value.shape[0] == every and not _rows_in_order(block)):
             pair = f"({key}, {key}[rows])" if block._dst_rows is not None else f"({key}[rows], {key})"
             raise ValueError(f"{layer}: {key} has {value.shape[0]} rows, a single table on a graph from "
-                             f"in_edges_block ({sides[0]} sources, {sides[1]} destinations), whose chosen "
-                             f"vertices are numbered 0..{len(_chosen(block)[0]) - 1}: PyG's code would read "
-                             f"chosen vertex rows[i]'s row as {key}[i]. Pass the pair {pair}")
+                             f"in_edges_block ({block.num_src_nodes} sources, {block.num_dst_nodes} "
+                             f"destinations), whose chosen vertices are numbered 0..{len(rows) - 1}: PyG's code "
+                             f"would read chosen vertex rows[i]'s row as {key}[i]. Pass the pair {pair}")
 
 
 def _chosen(block: Graph) -> tuple[torch.Tensor, int]:

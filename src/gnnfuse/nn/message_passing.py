@@ -66,17 +66,16 @@ class MessagePassing(NotScriptable, PyGMessagePassing):
     one-time warning per class and cause, where it cannot)."""
 
     def propagate(self, edge_index: Any, size: Any = None, **kwargs: Any) -> Any:
+        # a gnnfuse `Graph` (a loader block's ``block.graph``, which gnnfuse's own layers
+        # take) as its ``[2, E]`` edges, whose columns are the block's ``edge_attr`` rows, as
+        # `pyg_layers` hands it to PyG's layers: it fell back to PyG's propagate with a
+        # warning, which then failed on "only supports integer tensors of shape [2, ...]".
+        # A bipartite graph's sizes come from the (x_src, x_dst) pair, as PyG reads them.
+        # `edge_updater` takes one so too. A single table on an `in_edges_block` would be
+        # read at row i for destination i, which is vertex rows[i]: refused. (The check is
+        # inline so a tensor edge_index, the usual call, costs no function call here.)
         if isinstance(edge_index, Graph):
-            # a gnnfuse `Graph` (a loader block's ``block.graph``, which gnnfuse's own layers
-            # take) as its ``[2, E]`` edges, whose columns are the block's ``edge_attr`` rows,
-            # as `pyg_layers` hands it to PyG's layers: it fell back to PyG's propagate with a
-            # warning, which then failed on "only supports integer tensors of shape [2, ...]".
-            # A bipartite graph's sizes come from the (x_src, x_dst) pair, as PyG reads them.
-            # `edge_updater` takes one so too. A single table on an `in_edges_block` would be
-            # read at row i for destination i, which is vertex rows[i]: refused.
-            if edge_index.is_block:
-                refuse_square_reading(type(self).__name__, edge_index, kwargs)
-            edge_index = edge_index.edge_index
+            edge_index = _edges(edge_index, self, kwargs)
         if torch.compiler.is_compiling():
             # dynamo would trace into the compiled program's autograd.Function, which it
             # cannot follow (training failed naming torch.func transforms; on Triton,
