@@ -115,6 +115,17 @@ def test_npz_directed_counts_and_random_split(shared_data):
     assert cora.train_mask is None                      # the original is untouched
 
 
+def test_random_split_follows_its_seed_and_refuses_a_split_that_does_not_fit(shared_data):
+    """Two seeds give two splits (a split ignoring its seed repeated one split for every
+    seed of a multi-seed run), and cora's 2568 nodes left after 140 training ones cannot
+    hold 2000 validation plus 1000 test ones: refused, not a test set 432 short."""
+    cora = load_npz("cora", shared_data)
+    one, other = random_split(cora, seed=0), random_split(cora, seed=1)
+    assert not torch.equal(one.train_mask, other.train_mask) and not torch.equal(one.test_mask, other.test_mask)
+    with pytest.raises(ValueError, match="2568 nodes left after training, fewer than num_val \\+ num_test = 3000"):
+        random_split(cora, num_val=2000, num_test=1000)
+
+
 def test_wn18rr(shared_data):
     d = load_wn18rr(shared_data)
     assert d.graph.num_nodes == len(d.entity_ids) == 40943
