@@ -416,6 +416,19 @@ def test_corrupted_npz_and_wn18rr_files_are_usage_errors_naming_them(shared_data
         load_wn18rr(tmp_path)   # three lines of one column each: a reshape made them one "triple"
 
 
+def test_npz_arrays_of_two_node_counts_are_refused(shared_data, tmp_path):
+    """One label short (2707 labels for 2708 rows of adj and attr) is two counts, not three:
+    still a file whose arrays do not describe one node set, refused naming them."""
+    from gnnfuse.data.dataset import DataFileError
+    npz = tmp_path / "gnn-benchmark" / "cora.npz"
+    npz.parent.mkdir()
+    with np.load(shared_data / "gnn-benchmark" / "cora.npz", allow_pickle=True) as original:
+        parts = dict(original)
+    np.savez(npz, **{**parts, "labels": parts["labels"][:-1]})
+    with pytest.raises(DataFileError, match="disagree on the node count .*labels 2707"):
+        load_npz("cora", tmp_path)
+
+
 def test_wn18rr_whitespace_around_an_id_does_not_make_another_entity(tmp_path):
     """A trailing space (or CR) kept in ``"00000002 "`` made it an entity of its own beside
     ``"00000002"``: 4 entities and a train edge to a vertex no other split knew, where
