@@ -429,6 +429,16 @@ def test_npz_arrays_of_two_node_counts_are_refused(shared_data, tmp_path):
         load_npz("cora", tmp_path)
 
 
+def test_planetoid_test_ids_not_right_after_ally_are_refused(shared_data, tmp_path):
+    """cora's test ids start at 1708, right after ally's 1708 rows; ids shifted by one
+    left a node with no label row (masks of 2709 nodes, y of 2708) without a word."""
+    folder = _copy(shared_data / "planetoid", tmp_path / "planetoid", _CORA)
+    ids = np.loadtxt(folder / "ind.cora.test.index", dtype=np.int64)
+    np.savetxt(folder / "ind.cora.test.index", ids + 1, fmt="%d")
+    with pytest.raises(ValueError, match="test ids start at 1709, expected right after the 1708 rows of ally"):
+        load_planetoid("cora", tmp_path)
+
+
 def test_wn18rr_whitespace_around_an_id_does_not_make_another_entity(tmp_path):
     """A trailing space (or CR) kept in ``"00000002 "`` made it an entity of its own beside
     ``"00000002"``: 4 entities and a train edge to a vertex no other split knew, where
