@@ -134,6 +134,11 @@ def test_wn18rr(shared_data):
     assert d.graph.num_edges == 86835
     assert torch.equal(d.graph.edge_type, d.train_triples[:, 1])
     assert all(len(e) == 8 for e in d.entity_ids[:10])   # leading zeros kept
+    # edges run head -> tail, as the file's first line reads: 00260881 _hypernym 00260622
+    first = d.train_triples[0].tolist()
+    assert [d.entity_ids[first[0]], d.relation_names[first[1]], d.entity_ids[first[2]]] == \
+        ["00260881", "_hypernym", "00260622"]
+    assert torch.equal(d.graph.src, d.train_triples[:, 0]) and torch.equal(d.graph.dst, d.train_triples[:, 2])
 
 
 def test_missing_file_names_every_place_looked(tmp_path, monkeypatch):
