@@ -182,6 +182,12 @@ def test_unknown_name_lists_known_ones():
             "arxiv-like", "reddit2-like", "products-like"} <= set(DATASET_NAMES)
 
 
+def test_power_law_presets_have_the_published_widths():
+    """ogbn-arxiv has 128 features and 40 classes (OGB's statistics), which arxiv-like
+    copies; nothing checked them, so the two swapped went unseen."""
+    assert sizes(load_dataset("arxiv-like")) == (169_343, 1_166_243, 128, 40)
+
+
 def test_power_law_graph_is_seeded_sized_and_heavy_tailed():
     a = power_law_graph(20_000, 200_000, 8, 4, seed=1)
     assert sizes(a) == (20_000, 200_000, 8, 4)
