@@ -178,6 +178,9 @@ def test_a_root_under_home_is_expanded_as_pyg_expands_it(shared_data, tmp_path, 
 def test_unknown_name_lists_known_ones():
     with pytest.raises(ValueError, match="cora.*products-like"):
         load_dataset("imagenet")
+    # documented case-insensitive: a lookup by the name as typed let "SBM" through the
+    # name check and then failed with a KeyError
+    assert load_dataset("SBM", num_nodes=300).graph.num_nodes == 300
     assert {"cora", "citeseer", "pubmed", "cora-npz", "citeseer-npz", "wn18rr", "synthetic",
             "arxiv-like", "reddit2-like", "products-like"} <= set(DATASET_NAMES)
 
