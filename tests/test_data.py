@@ -201,6 +201,9 @@ def test_power_law_graph_is_seeded_sized_and_heavy_tailed():
     b = power_law_graph(20_000, 200_000, 8, 4, seed=1)
     assert torch.equal(a.graph.src, b.graph.src) and torch.equal(a.x, b.x) and torch.equal(a.y, b.y)
     assert not torch.equal(a.graph.src, power_law_graph(20_000, 200_000, 8, 4, seed=2).graph.src)
+    # a random 60/20/20 split of every node: each node in exactly one mask
+    assert split_sizes(a) == (12_000, 4_000, 4_000)
+    assert bool((a.train_mask.int() + a.val_mask.int() + a.test_mask.int() == 1).all())
 
 
 def test_planted_partition_is_seeded_homophilous_with_default_split():
