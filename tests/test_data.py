@@ -487,6 +487,18 @@ def test_an_empty_root_is_refused_not_taken_for_no_root(monkeypatch, tmp_path):
         find_data_file("gnn-benchmark", "cora.npz")
 
 
+def test_planted_partition_features_carry_the_class_signal():
+    """Each vertex's features are ``0.15 * centroid[class] + N(0, I)``: the class means of
+    x differ by about 2 * 64 * 0.15^2 = 2.9 in squared distance (plus 0.3 of sampling
+    noise). Every class drawn around one centroid left them 0.3 apart -- features with
+    no class signal -- and no test noticed."""
+    d = planted_partition(seed=0)
+    means = torch.stack([d.x[d.y == c].mean(dim=0) for c in range(d.num_classes)])
+    distances = torch.cdist(means, means).pow(2)
+    off_diagonal = distances[~torch.eye(d.num_classes, dtype=torch.bool)]
+    assert 1.5 < off_diagonal.mean() < 5
+
+
 def test_planted_partition_splits_a_small_graph_and_refuses_a_tiny_one():
     small = planted_partition(num_nodes=300)
     assert split_sizes(small) == (100, 66, 134)
