@@ -204,6 +204,9 @@ def test_power_law_graph_is_seeded_sized_and_heavy_tailed():
     # a random 60/20/20 split of every node: each node in exactly one mask
     assert split_sizes(a) == (12_000, 4_000, 4_000)
     assert bool((a.train_mask.int() + a.val_mask.int() + a.test_mask.int() == 1).all())
+    # exponent 1 has no power law (a = 1 / (exponent - 1)): refused by name, not a ZeroDivisionError
+    with pytest.raises(ValueError, match="exponent must be > 1, got 1"):
+        power_law_graph(10, 10, 2, 2, exponent=1.0)
 
 
 def test_planted_partition_is_seeded_homophilous_with_default_split():
