@@ -457,3 +457,14 @@ def test_summarize_reports_the_median_min_and_mean():
     reported as the median (a stall inflating the headline) or a max as the min passed."""
     from gnnfuse.bench.timing import summarize
     assert summarize([3.0, 1.0, 10.0, 2.0]) == {"median_ms": 2.5, "min_ms": 1.0, "mean_ms": 4.0}
+
+
+def test_ratios_are_the_other_frameworks_time_and_gnnfuses_memory_over_the_other():
+    """As documented and printed under the table: speedup = framework median / gnnfuse
+    median, mem ratio = gnnfuse peak / framework peak. gnnfuse at 2 ms and 1 GB against
+    6 ms and 4 GB is a 3x speedup in a quarter of the memory; either ratio inverted (a
+    3x speedup printed as 0.33x) passed every earlier test."""
+    from gnnfuse.bench.compare import ratios
+    results = {"gnnfuse": {"status": "ok", "median_ms": 2.0, "peak_gb": 1.0},
+               "pyg": {"status": "ok", "median_ms": 6.0, "peak_gb": 4.0}}
+    assert ratios(results, True) == {"pyg": {"speedup": 3.0, "memory": 0.25}}
