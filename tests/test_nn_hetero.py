@@ -586,6 +586,21 @@ def test_hetero_conv_matches_pyg(aggr, backend, device):
     assert_same(ours, pyg, x, lambda layer, xs: layer(xs, edges))
 
 
+def test_hetero_conv_skips_an_edge_type_the_call_gives_no_edges_for():
+    """PyG's HeteroConv runs a relation's layer only when some dict has an entry for its
+    edge type: without ("a", "r", "b") in edge_index_dict, "b" gets no output and "a"
+    sums the other two relations. Nothing called it so; running every relation instead
+    handed ("a", "r", "b")'s SAGEConv no edge_index."""
+    torch.manual_seed(0)
+    pyg, ours = hetero_convs(pyg_nn, "sum").double(), hetero_convs(gnn, "sum").double()
+    ours.load_state_dict(pyg.state_dict())
+    x, edges = hetero_inputs(10)
+    partial = {t: index for t, index in edges.items() if t != ("a", "r", "b")}
+    got, expected = ours(x, partial), pyg(x, partial)
+    assert got.keys() == expected.keys() == {"a"}
+    torch.testing.assert_close(got["a"], expected["a"])
+
+
 def test_hetero_conv_routes_edge_level_keyword_dicts():
     torch.manual_seed(0)
     make = lambda m: m.HeteroConv({("a", "t", "a"): m.GATConv(6, 4, edge_dim=2),          # noqa: E731
