@@ -478,3 +478,17 @@ def test_time_calls_on_the_cpu_reports_milliseconds():
     from gnnfuse.bench.timing import time_calls
     times = time_calls(lambda: time.sleep(0.02), 2, torch.device("cpu"))
     assert len(times) == 2 and all(19 < t < 1000 for t in times)
+
+
+def test_the_shared_initial_weights_are_seeded():
+    """Every framework starts from `reference_state`'s weights, documented as seeded: two
+    runs of a benchmark (and their first losses) then start alike. Nothing compared two
+    calls, so weights drawn from whatever the global generator held passed."""
+    from gnnfuse.bench.models import DeviceData, reference_state
+    data = DeviceData("tiny", torch.randn(6, 5), torch.zeros(6, dtype=torch.long), torch.arange(3),
+                      torch.tensor([[0, 1, 2], [1, 2, 3]]), 3)
+    first = reference_state("gcn", data)
+    torch.rand(100)                        # the global generator moves on between runs
+    second = reference_state("gcn", data)
+    assert first.keys() == second.keys() and all(torch.equal(first[k], second[k]) for k in first)
+    assert not torch.equal(reference_state("gcn", data, seed=1)["conv1.lin.weight"], first["conv1.lin.weight"])
