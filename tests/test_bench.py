@@ -492,3 +492,13 @@ def test_the_shared_initial_weights_are_seeded():
     second = reference_state("gcn", data)
     assert first.keys() == second.keys() and all(torch.equal(first[k], second[k]) for k in first)
     assert not torch.equal(reference_state("gcn", data, seed=1)["conv1.lin.weight"], first["conv1.lin.weight"])
+
+
+def test_bench_data_trains_on_the_data_sets_training_nodes():
+    """The timed step's loss is over the data set's training split (``train_idx``); an index
+    of the validation nodes instead (500 rows, not 100, of the synthetic set) passed."""
+    from gnnfuse.bench.models import load_data
+    from gnnfuse.data import load_node_dataset
+    data = load_data("synthetic", None, torch.device("cpu"))
+    assert torch.equal(data.train_idx, load_node_dataset("synthetic").train_mask.nonzero().squeeze(1))
+    assert data.train_idx.numel() == 100
