@@ -356,3 +356,32 @@ def test_the_counter_counts_each_op_that_returns_a_value_to_the_host():
         with HostSyncCounter() as counter:
             read()
         assert sum(counter.syncs.values()) == 1, (name, dict(counter.syncs))
+
+
+def test_the_counter_counts_the_syncing_ops_its_docstring_lists():
+    """Each rule of `op_syncs`, by hand: ``nonzero``, a bool or uint8 mask index,
+    ``repeat_interleave`` without ``output_size`` and ``tolist`` wait for the device;
+    the same with ``output_size``, a sum, and anything in `paused` do not; a copy to the
+    host waits unless ``non_blocking``. Only whole training steps were counted, so a rule
+    dropped or widened went unseen wherever those steps happen not to use the op."""
+    import types
+    import warnings
+
+    from gnnfuse.bench.host_syncs import op_syncs
+    x = torch.arange(6.0)
+    with HostSyncCounter() as counter, warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)        # torch deprecates uint8 masks
+        x.nonzero()
+        x[x > 2]
+        x[torch.tensor([1, 0, 1, 0, 0, 0], dtype=torch.uint8)]
+        torch.repeat_interleave(torch.tensor([1, 2]))
+        torch.repeat_interleave(torch.tensor([1, 2]), output_size=3)
+        x.tolist()
+        x.sum()
+        with counter.paused():
+            x.nonzero()
+    assert dict(counter.syncs) == {"aten.nonzero.default": 1, "aten.index.Tensor": 2,
+                                   "aten.repeat_interleave.Tensor": 1, "Tensor.tolist": 1}
+    on_gpu = types.SimpleNamespace(is_cuda=True)
+    assert op_syncs("aten._to_copy.default", (on_gpu,), {"device": "cpu"})
+    assert not op_syncs("aten._to_copy.default", (on_gpu,), {"device": "cpu", "non_blocking": True})
