@@ -403,6 +403,12 @@ def test_batches_are_reproducible_and_drop_last():
     first, second = epoch(), epoch()
     assert len(first) == 40 // 6 == len(NeighborLoader(data, [2], batch_size=6, input_nodes="paper", drop_last=True))
     assert all(torch.equal(a, b) for x, y in zip(first, second) for a, b in zip(x, y))
+    # shuffle=True draws the seeds in a random order, each once per epoch (drop_last aside);
+    # only reproducibility was checked, so seeds taken in their given order passed
+    torch.manual_seed(7)
+    seeds = torch.cat([b["paper"].n_id[:b["paper"].batch_size]
+                       for b in NeighborLoader(data, [2], batch_size=6, input_nodes="paper", shuffle=True)])
+    assert sorted(seeds.tolist()) == list(range(40)) and seeds.tolist() != list(range(40))
 
 
 @pytest.mark.parametrize("kwargs, error, message", [
