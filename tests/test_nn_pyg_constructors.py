@@ -479,6 +479,25 @@ def test_weighted_scipy_matrix_weights_the_edges_or_is_refused(name):
     torch.testing.assert_close(gin(x, doubled), gin(x, torch.tensor([[0, 0, 2], [1, 1, 1]])))
 
 
+@pytest.mark.parametrize("name", WEIGHTED_ADJACENCY)
+def test_weighted_sparse_adjacency_of_another_shape_than_x_is_refused(name):
+    """A weighted adj_t (or scipy matrix) whose shape is not [N, N] for an x of N rows,
+    its entries all below N: PyG raises, and the unweighted matrix is refused, but the
+    weights' edge_index had lost the shape and these layers returned a result."""
+    import scipy.sparse as sp
+    layer = WEIGHTED_ADJACENCY[name](gnn).double()
+    kept = EDGE_INDEX[0] != EDGE_INDEX[1]          # no stored loops (GCN, SGConv, APPNP refuse them)
+    edges = EDGE_INDEX[:, kept]
+    value = torch.rand(edges.shape[1], dtype=torch.float64) + 0.5
+    x = torch.randn(N, F_IN, dtype=torch.float64)
+    for shape in ((N + 2, N + 2), (N, N + 1), (N + 1, N)):
+        adj_t = torch.sparse_coo_tensor(edges.flip(0), value, shape).coalesce()
+        for adj in (adj_t, adj_t.to_sparse_csr(), sp.coo_matrix((value.numpy(), tuple(edges.numpy())), shape=shape)):
+            with pytest.raises(ValueError, match=rf"{name}: the sparse adjacency \(edge_index\) has shape "
+                                                 rf"\[{shape[0]}, {shape[1]}\] but x has {N} rows"):
+                layer(x, adj)
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("conf", [dict(), dict(edge_dim=3), dict(add_self_loops=False, concat=False)], ids=str)
 @pytest.mark.parametrize("name", ["GATConv", "GATv2Conv"])

@@ -208,7 +208,8 @@ def refuse_stored_loops(edge_index: Any, layer: str) -> None:
                          "add_self_loops=False")
 
 
-def adjacency_weights(edge_index: Any, edge_weight: torch.Tensor | None, layer: str) -> tuple[Any, torch.Tensor | None]:
+def adjacency_weights(edge_index: Any, edge_weight: torch.Tensor | None, layer: str,
+                      num_nodes: int | None = None) -> tuple[Any, torch.Tensor | None]:
     """``(edge_index, edge_weight)`` for a layer that takes edge weights, given PyG's
     sparse ``adj_t`` whose stored values are not all 1: PyG multiplies each message by
     its entry, so the entries become ``edge_weight`` of a ``[2, E]`` edge_index (row =
@@ -223,7 +224,13 @@ def adjacency_weights(edge_index: Any, edge_weight: torch.Tensor | None, layer: 
     conversion sums them) is one, and GraphConv's mean and max differed between the two.
 
     An ``edge_weight`` beside a sparse adj_t is refused: PyG ignores it (the weights are
-    the adj_t's values), and its rows would have no defined edge order to follow."""
+    the adj_t's values), and its rows would have no defined edge order to follow.
+
+    ``num_nodes`` (the rows of a one-set layer's x) is checked against the shape of a
+    weighted matrix, which the edge_index made here no longer carries: an 8 x 8, 4 x 4 or
+    6 x 7 adj_t beside an x of 6 rows gave GCN, SGConv, TAGConv, ChebConv, APPNP and
+    GraphConv a result (PyG raises), where the unweighted one is refused by
+    `Graph.from_adj_t`. None where the caller checks the shape itself (bipartite pairs)."""
     if type(edge_index) is torch.Tensor and edge_index.layout is torch.strided:
         return edge_index, edge_weight      # a plain edge_index, the usual call: no scipy or sparse check
     if sp.issparse(edge_index):
@@ -234,6 +241,7 @@ def adjacency_weights(edge_index: Any, edge_weight: torch.Tensor | None, layer: 
         if edge_weight is not None:
             raise ValueError(f"{layer}: the scipy sparse matrix holds edge weights (values other than 1) and "
                              "edge_weight was given too; pass the weights one way")
+        _check_square(edge_index.shape, num_nodes, layer)
         return weighted
     if not is_sparse_adjacency(edge_index):
         return edge_index, edge_weight
@@ -258,4 +266,13 @@ def adjacency_weights(edge_index: Any, edge_weight: torch.Tensor | None, layer: 
         row, col, value = edge_index.coo()
     if value is None or not value.numel() or (not value.requires_grad and bool((value == 1).all())):
         return edge_index, None
+    _check_square(edge_index.shape if isinstance(edge_index, torch.Tensor) else edge_index.sparse_sizes(),
+                  num_nodes, layer)
     return torch.stack([col, row]), value
+
+
+def _check_square(shape: Any, num_nodes: int | None, layer: str) -> None:
+    """A ValueError naming the sparse matrix's shape unless it is [num_nodes, num_nodes]."""
+    if num_nodes is not None and list(shape) != [num_nodes, num_nodes]:
+        raise ValueError(f"{layer}: the sparse adjacency (edge_index) has shape {list(shape)} but x has {num_nodes} "
+                         f"rows: it must be [{num_nodes}, {num_nodes}]")

@@ -350,7 +350,7 @@ def _normalized_layer_inputs(layer: nn.Module, name: str, x: torch.Tensor, edge_
     are refused with it (or with a kept graph, ``cached`` since unset) rather than silently
     reusing a normalisation computed without them."""
     x = floating_node_features(x, name)
-    given, (edge_index, edge_weight) = edge_index, adjacency_weights(edge_index, edge_weight, name)
+    given, (edge_index, edge_weight) = edge_index, adjacency_weights(edge_index, edge_weight, name, x.shape[0])
     if layer.normalize and layer.add_self_loops:
         refuse_stored_loops(given, name)
     if edge_weight is not None and layer.normalize and (layer.cached or layer._cached_graph is not None):

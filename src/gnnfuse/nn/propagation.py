@@ -113,7 +113,8 @@ class GraphConv(FixedAggregation, FixedFlow, OneLineRepr, NotScriptable, nn.Modu
     @compile_path(_compile_problem)
     def forward(self, x: torch.Tensor | tuple[torch.Tensor, torch.Tensor | None], edge_index: Graph | torch.Tensor,
                 edge_weight: torch.Tensor | None = None, size: tuple[int, int] | None = None) -> torch.Tensor:
-        graph_input, edge_weight = adjacency_weights(edge_index, edge_weight, "GraphConv")
+        one_set = x.shape[0] if isinstance(x, torch.Tensor) else None       # a pair: `_bipartite_inputs` checks
+        graph_input, edge_weight = adjacency_weights(edge_index, edge_weight, "GraphConv", one_set)
         x, x_dst, graph = _bipartite_inputs(x, graph_input, size, "GraphConv", weighted_adj_t=edge_index)
         pyg_init.materialize([(self.lin_rel, x), (self.lin_root, x_dst)])
         if edge_weight is None:
@@ -303,7 +304,7 @@ class SGConv(FixedAggregation, FixedFlow, OneLineRepr, NotScriptable, nn.Module)
         torch.compile it stays after them, as in PyG). `forward` keeps the cache for the
         whole batch: kept here, per matrix, every matrix after the first got the first's."""
         x = floating_node_features(x, "SGConv")
-        given, (edge_index, edge_weight) = edge_index, adjacency_weights(edge_index, edge_weight, "SGConv")
+        given, (edge_index, edge_weight) = edge_index, adjacency_weights(edge_index, edge_weight, "SGConv", x.shape[0])
         if self.add_self_loops:
             refuse_stored_loops(given, "SGConv")
         graph, hop = _normalized_hop(_as_graph(edge_index, x.shape[0]), edge_weight, x.dtype, self.add_self_loops)
@@ -356,7 +357,7 @@ class TAGConv(FixedAggregation, FixedFlow, OneLineRepr, NotScriptable, nn.Module
     def forward(self, x: torch.Tensor, edge_index: Graph | torch.Tensor,
                 edge_weight: torch.Tensor | None = None) -> torch.Tensor:
         x = floating_node_features(x, "TAGConv")
-        edge_index, edge_weight = adjacency_weights(edge_index, edge_weight, "TAGConv")
+        edge_index, edge_weight = adjacency_weights(edge_index, edge_weight, "TAGConv", x.shape[0])
         graph, hop = _normalized_hop(_as_graph(edge_index, x.shape[0]), edge_weight, x.dtype, False, self.normalize)
         pyg_init.materialize([(lin, x) for lin in self.lins])
         # PyG calls lins[1:] by their forward, hooks not run: a map is moved before the hops
@@ -543,7 +544,7 @@ class ChebConv(FixedAggregation, FixedFlow, OneLineRepr, NotScriptable, nn.Modul
                 batch: torch.Tensor | None = None, lambda_max: float | torch.Tensor | None = None) -> torch.Tensor:
         x = floating_node_features(x, "ChebConv")
         pyg_init.materialize([(lin, x) for lin in self.lins], "glorot")
-        edge_index, edge_weight = adjacency_weights(edge_index, edge_weight, "ChebConv")
+        edge_index, edge_weight = adjacency_weights(edge_index, edge_weight, "ChebConv", x.shape[0])
         graph = _as_graph(edge_index, x.shape[0])
         if edge_weight is None:
             loop_free, default_lam, diag, left, right = _laplacian(graph, self.normalization, x.dtype)
