@@ -317,9 +317,10 @@ def test_a_new_edge_index_over_the_memory_of_an_earlier_one(kind, how, monkeypat
 
 def test_sgconv_cached_keeps_the_first_batch_as_pyg_does(monkeypatch):
     """``SGConv(cached=True)`` caches its first input's propagation for good, in PyG: a
-    later batch gets that batch's rows, also a batch of another size. gnnfuse gives the
-    same; GCNConv(cached=True) keeps the first graph, and refuses a batch of another
-    vertex count by name instead of propagating it over the wrong graph."""
+    later batch gets that batch's rows, as in gnnfuse. A batch of another size got them
+    too in both (5 rows of output for a batch of 12 vertices): gnnfuse refuses it by name,
+    as GCNConv(cached=True), which keeps the first graph, refuses a batch of another
+    vertex count instead of propagating it over the wrong graph."""
     monkeypatch.setenv("GNNFUSE_BACKEND", "reference")
     batches = [make_batch(graphs) for graphs in growing_batches(3)]
     same_count = make_batch([(n, list(reversed(pairs)), seed + 1) for n, pairs, seed in growing_batches(1)[0]])
@@ -328,8 +329,13 @@ def test_sgconv_cached_keeps_the_first_batch_as_pyg_does(monkeypatch):
     theirs = pyg_nn.SGConv(IN, HIDDEN, K=2, cached=True).double()
     ours = gnn.SGConv(IN, HIDDEN, K=2, cached=True).double()
     ours.load_state_dict(theirs.state_dict())
-    for batch in batches + [same_count]:
+    for batch in (batches[0], same_count):
         torch.testing.assert_close(ours(batch.x, batch.edge_index), theirs(batch.x, batch.edge_index))
+    for batch in batches[1:]:
+        assert theirs(batch.x, batch.edge_index).shape[0] != batch.num_nodes
+        with pytest.raises(ValueError, match=rf"SGConv\(cached=True\): x is \[{batch.num_nodes}, {IN}\] but the "
+                                             rf"cached A\^K X of the first call is \[{batches[0].num_nodes}, {IN}\]"):
+            ours(batch.x, batch.edge_index)
     torch.manual_seed(0)
     theirs = pyg_nn.GCNConv(IN, HIDDEN, cached=True).double()
     ours = gnn.GCNConv(IN, HIDDEN, cached=True).double()

@@ -284,6 +284,12 @@ class SGConv(FixedAggregation, FixedFlow, OneLineRepr, NotScriptable, nn.Module)
     def forward(self, x: torch.Tensor, edge_index: Graph | torch.Tensor,
                 edge_weight: torch.Tensor | None = None) -> torch.Tensor:
         if self._cached_x is not None:
+            # PyG returns the kept rows for any x: an x of 8 rows after one of 6 got 6 output rows
+            if not isinstance(x, torch.Tensor) or x.shape != self._cached_x.shape:
+                got = list(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+                raise ValueError(f"SGConv(cached=True): x is {got} but the cached A^K X of the first call is "
+                                 f"{list(self._cached_x.shape)}, which cached=True returns for every later x; "
+                                 "call reset_parameters() to drop it")
             return self.lin(self._cached_x.detach())
         pyg_init.materialize([(self.lin, x)])
         # not under torch.autocast, as GCNConv: PyG's map last gives the autocast dtype, where the
