@@ -367,6 +367,13 @@ def test_bad_arguments_are_rejected():
         with pytest.raises(ValueError, match=f"batch names graph {named} but lambda_max has 2 values"):
             gnn.ChebConv(4, 4, K=2)(torch.randn(3, 4), edge_index, batch=torch.tensor(batch),
                                     lambda_max=torch.tensor([2.0, 3.0]))
+    # one value per graph in a table of another shape: PyG raises; a [2, 2] one gave the two
+    # graphs its first row, its second ignored
+    for lam in ([[2.0, 3.0], [1.5, 2.5]], [[2.0, 3.0]], [[2.0], [3.0]]):
+        with pytest.raises(ValueError, match=rf"lambda_max must be one number or a 1-D tensor .* got shape "
+                                             rf"\[{len(lam)}, {len(lam[0])}\]"):
+            gnn.ChebConv(4, 4, K=2)(torch.randn(3, 4), edge_index, batch=torch.tensor([0, 0, 1]),
+                                    lambda_max=torch.tensor(lam))
     layer = gnn.APPNP(1, 0.1, cached=True)
     layer(torch.randn(3, 4), edge_index)
     with pytest.raises(ValueError, match="x has 5 rows but the cached graph has 3 nodes"):

@@ -481,6 +481,9 @@ def _per_vertex_lambda_max(lambda_max: float | torch.Tensor, batch: torch.Tensor
     graph comes with PyG's ``batch`` vector. Stays attached to autograd."""
     lam = torch.as_tensor(lambda_max, dtype=x.dtype, device=x.device)
     if lam.numel() != 1:
+        if lam.dim() != 1:      # a [2, 2] one gave graphs 0 and 1 its first row; PyG raises for any such shape
+            raise ValueError(f"ChebConv: lambda_max must be one number or a 1-D tensor of one value per graph of "
+                             f"the batch, got shape {list(lam.shape)}")
         if batch is None:
             raise ValueError(f"lambda_max has {lam.numel()} values (one per graph of a batch) but no batch "
                              "vector was given; pass batch=... (graph id per vertex) or one number")
