@@ -141,6 +141,16 @@ def test_edge_weight_of_the_wrong_length_is_rejected():
 
 
 @pytest.mark.parametrize("name", sorted(WEIGHTED))
+def test_edge_weight_of_several_columns_on_a_graph_without_edges_is_rejected(name):
+    """[0, 2] weights for 0 edges hold E = 0 numbers, which the length check counted: every
+    weighted layer returned a result (PyG's GCN, SGConv, ChebConv and APPNP raise; its GraphConv
+    and TAGConv take them). One weight per edge is [E] or [E, 1]."""
+    layer = WEIGHTED[name]()[0]
+    with pytest.raises(ValueError, match=r"edge_weight must have shape \[0\] .* got \[0, 2\]"):
+        layer(torch.randn(N, F_IN), torch.zeros(2, 0, dtype=torch.long), torch.zeros(0, 2))
+
+
+@pytest.mark.parametrize("name", sorted(WEIGHTED))
 def test_a_complex_edge_weight_is_refused(name):
     """An edge weight is cast to the features' dtype (an integer one too, as README says);
     a complex one lost its imaginary part there, with at most torch's one-time warning:

@@ -172,7 +172,8 @@ def edge_weight_column(edge_weight: torch.Tensor, graph: Any, dtype: torch.dtype
         raise ValueError(f"edge_weight is on {edge_weight.device} but the graph (edge_index) is on {graph.device}; "
                          "move one of them (edge_weight.to(edge_index.device))")
     num_edges = graph.num_edges
-    if edge_weight.dim() not in (1, 2) or edge_weight.shape[0] != num_edges or edge_weight.numel() != num_edges:
+    # (shape, not numel: an empty graph's [0, 2] weights have E numbers too, and PyG raises)
+    if edge_weight.shape != (num_edges,) and edge_weight.shape != (num_edges, 1):
         raise ValueError(f"edge_weight must have shape [{num_edges}] (one number per edge of the graph), "
                          f"got {list(edge_weight.shape)}")
     return edge_weight.reshape(num_edges).to(dtype)
