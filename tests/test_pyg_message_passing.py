@@ -1075,6 +1075,22 @@ def test_edge_indices_used_as_tensors_name_the_argument_when_falling_back(name, 
     assert_same(result, run(theirs, x))
 
 
+def test_a_gnnfuse_graph_of_other_counts_than_the_node_tables_is_refused():
+    """A gnnfuse `Graph` reached ``propagate`` as its bare edge_index, without its vertex
+    counts: a graph of NUM_NODES + 2 vertices (or NUM_NODES + 1 sources) beside x of
+    NUM_NODES rows gave NUM_NODES output rows, where gnnfuse's own layers refuse it and PyG
+    refuses an EdgeIndex of that sparse size. Its counts are now propagate's size."""
+    import gnnfuse
+    ours, _ = twins("edge_mlp")
+    x, edge_attr = inputs("edge_mlp")
+    for graph, expected in ((gnnfuse.Graph.from_edge_index(EDGES, NUM_NODES + 2), NUM_NODES + 2),
+                            (gnnfuse.Graph.from_edge_index(EDGES, NUM_NODES, num_src_nodes=NUM_NODES + 1),
+                             NUM_NODES + 1)):
+        with pytest.raises(ValueError, match=f"Encountered tensor with size {NUM_NODES} in dimension -2, "
+                                             f"but expected size {expected}"):
+            run(ours, (x, edge_attr), graph)
+
+
 def test_a_gnnfuse_graph_as_edge_index_runs_as_its_edges():
     """A gnnfuse `Graph` where ``propagate`` takes an ``edge_index`` (a loader block's
     ``block.graph``, which gnnfuse's own layers take, with its ``edge_attr`` rows) fell back

@@ -75,7 +75,7 @@ class MessagePassing(NotScriptable, PyGMessagePassing):
         # read at row i for destination i, which is vertex rows[i]: refused. (The check is
         # inline so a tensor edge_index, the usual call, costs no function call here.)
         if isinstance(edge_index, Graph):
-            edge_index = _edges(edge_index, self, kwargs)
+            edge_index, size = _edges(edge_index, self, kwargs), _graph_size(edge_index, size)
         if torch.compiler.is_compiling():
             # dynamo would trace into the compiled program's autograd.Function, which it
             # cannot follow (training failed naming torch.func transforms; on Triton,
@@ -95,7 +95,7 @@ class MessagePassing(NotScriptable, PyGMessagePassing):
     def edge_updater(self, edge_index: Any, size: Any = None, **kwargs: Any) -> Any:
         """PyG's generic ``edge_updater`` (run where PyG builds no template for the class),
         taking a gnnfuse `Graph` as its edges, as `propagate` does."""
-        return super().edge_updater(_edges(edge_index, self, kwargs), size, **kwargs)
+        return super().edge_updater(_edges(edge_index, self, kwargs), _graph_size(edge_index, size), **kwargs)
 
     def _set_jittable_templates(self, raise_on_error: bool = False) -> None:
         """PyG installs a template-generated ``propagate`` on each concrete class (and
@@ -166,6 +166,18 @@ def _edges(edge_index: Any, layer: MessagePassing, tables: dict[str, Any]) -> An
     if edge_index.is_block:
         refuse_square_reading(type(layer).__name__, edge_index, tables)
     return edge_index.edge_index
+
+
+def _graph_size(graph: Any, size: Any) -> Any:
+    """The ``size`` PyG's propagate is given for ``graph``: a gnnfuse `Graph`'s own counts
+    (sources, destinations) where none was passed, so PyG checks the node tables against
+    them, as it checks an ``EdgeIndex``'s sparse size. Its bare edge_index had lost them: a
+    graph of 8 vertices beside an x of 6 rows gave PyG's layers 6 output rows, where gnnfuse's
+    own layers refuse it. A loader block keeps ``size``: its tables are refused or read by
+    `refuse_square_reading`'s rule."""
+    if size is not None or not isinstance(graph, Graph) or graph.is_block:
+        return size
+    return graph.num_src_nodes, graph.num_nodes
 
 
 def _graph_taking(edge_updater: Callable) -> Callable:
