@@ -233,6 +233,37 @@ def test_layer_takes_a_gnnfuse_graph_as_gnnfuse_s_own_layers_do(name):      # (t
     _assert_same(got, expected)
 
 
+@pytest.mark.parametrize("extra", [2, -1])
+@pytest.mark.parametrize("name", [n for n in COMPILED if n not in ("HANConv", "HEATConv", "SignedConv")])
+def test_a_gnnfuse_graph_of_other_vertex_counts_than_the_tables_rows_is_refused(name, extra):
+    """The `Graph` reaches PyG's code as its bare [2, E] tensor, without its vertex count:
+    a graph of NUM_NODES + 2 vertices beside tables of NUM_NODES rows gave NUM_NODES output
+    rows (and one of NUM_NODES - 1 read tables of NUM_NODES rows), where gnnfuse's own layers
+    refuse such a graph. Refused, naming the table."""
+    ours, _ = twins(name)
+    tensors, forward = inputs("cpu"), CONFIGS[name].forward
+    graph = gnnfuse.Graph.from_edge_index(EDGES, NUM_NODES + extra)      # (the largest id is 7: 8 vertices hold it)
+    with pytest.raises(ValueError, match=rf"{name}: \w+(\[\d\])? has {NUM_NODES} rows but the Graph has "
+                                         rf"{NUM_NODES + extra} sources"):
+        run(ours, forward, tensors, graph)
+
+
+def test_a_bipartite_graph_s_tables_are_checked_side_by_side():
+    """An ``(x_src, x_dst)`` pair is checked against the Graph's sources and destinations
+    apart: the right pair runs as the same edges given as an edge_index with ``size``,
+    and a pair of swapped sides is refused, naming the side."""
+    layer = gnnfuse.nn.GINEConv(torch.nn.Linear(F, OUT), edge_dim=EDGE_DIM).double()
+    gen = torch.Generator().manual_seed(3)
+    edges = torch.tensor([[0, 1, 2, 4, 4], [0, 1, 1, 2, 0]])
+    x_src, x_dst = torch.randn(5, F, dtype=torch.float64, generator=gen), torch.randn(3, F, dtype=torch.float64)
+    edge_attr = torch.randn(5, EDGE_DIM, dtype=torch.float64, generator=gen)
+    graph = gnnfuse.Graph.from_edge_index(edges, 3, num_src_nodes=5)
+    expected = layer((x_src, x_dst), edges, edge_attr, size=(5, 3))
+    torch.testing.assert_close(layer((x_src, x_dst), graph, edge_attr), expected)
+    with pytest.raises(ValueError, match=r"GINEConv: x\[0\] has 3 rows but the Graph has 5 sources and 3 dest"):
+        layer((x_dst, x_src), graph, edge_attr)
+
+
 @pytest.mark.parametrize("name", EAGER)
 def test_layer_runs_pyg_s_propagate_with_a_warning(name):
     """A layer of EAGER_PYG_LAYERS warns once, naming why, and gives PyG's numbers."""

@@ -22,6 +22,8 @@ import importlib
 import inspect
 from typing import TYPE_CHECKING, Any, Callable
 
+import torch
+
 from ..derived_class import derived_class
 
 if TYPE_CHECKING:
@@ -157,6 +159,8 @@ def _graphs_as_edge_index(forward: Callable[..., Any]) -> Callable[..., Any]:
     tensors"). A bipartite graph's sizes come from its ``(x_src, x_dst)`` pair, as PyG reads them."""
     from ..graph import Graph
 
+    parameters = list(inspect.signature(forward).parameters)[1:]      # after self
+
     def edges(value: Any) -> Any:
         return value.edge_index if isinstance(value, Graph) else value
 
@@ -166,6 +170,8 @@ def _graphs_as_edge_index(forward: Callable[..., Any]) -> Callable[..., Any]:
             for value in (*args, *kwargs.values()):
                 if isinstance(value, Graph) and value.is_block:
                     _refuse_square_reading(self, forward, value, args, kwargs)
+                elif isinstance(value, Graph):
+                    _refuse_other_counts(self, parameters, value, args, kwargs)
             args = tuple(edges(value) for value in args)
             kwargs = {key: edges(value) for key, value in kwargs.items()}
         return forward(self, *args, **kwargs)
@@ -188,6 +194,33 @@ def _refuse_square_reading(layer: Any, forward: Callable[..., Any], block: Any, 
                          "Add the loops to the whole graph first (in_edges_block(graph.add_self_loops(), rows)) "
                          "and set add_self_loops=False on the layer")
     refuse_square_reading(name, block, inspect.signature(forward).bind(layer, *args, **kwargs).arguments)
+
+
+def _refuse_other_counts(layer: Any, parameters: list[str], graph: Any, args: tuple[Any, ...],
+                         kwargs: dict[str, Any]) -> None:
+    """Refuse node tables whose rows are not ``graph``'s vertex counts. PyG's code sees the
+    graph's bare ``[2, E]`` tensor and takes its sizes from the tables: a graph of 8 vertices
+    beside an x of 6 rows gave 6 output rows, where gnnfuse's own layers refuse it. (Checked
+    here, not by handing PyG an ``EdgeIndex`` of the sizes, which torch.compile cannot trace
+    through PyG's code.) The node tables of every compiled PyG layer are the arguments before
+    its edges (``x``; ``x, x_0``; ``x, pos``), each a table or an ``(x_src, x_dst)`` pair,
+    and a table's rows are counted along the layer's ``node_dim``, as PyG counts them.
+    ``parameters``: the names of ``forward``'s arguments after ``self``, in order."""
+    for i, key in enumerate(parameters):
+        value = args[i] if i < len(args) else kwargs.get(key)
+        if isinstance(value, type(graph)):      # the edges: the tables come before them
+            return
+        pair = isinstance(value, (tuple, list)) and len(value) == 2
+        for side, table, count in (((f"{key}[0]", value[0], graph.num_src_nodes),
+                                    (f"{key}[1]", value[1], graph.num_nodes)) if pair
+                                   else ((key, value, graph.num_src_nodes), (key, value, graph.num_nodes))):
+            if not isinstance(table, torch.Tensor) or table.dim() == 0:
+                continue
+            rows = table.shape[layer.node_dim if table.dim() > 1 else 0]
+            if rows != count:
+                raise ValueError(f"{type(layer).__name__}: {side} has {rows} rows but the Graph has "
+                                 f"{graph.num_src_nodes} sources and {graph.num_nodes} destinations; pass node "
+                                 "tables of one row per vertex (an (x_src, x_dst) pair on a bipartite graph)")
 
 
 def _refuse_own_propagate(pyg_class: type, base: type) -> None:
