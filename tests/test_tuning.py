@@ -347,3 +347,35 @@ def test_a_store_path_naming_a_file_that_is_not_a_store_is_refused_before_the_se
     cache.write_text(json.dumps({"stamp": {"format": 0}, "entries": {}}))     # a stale store is replaced
     assert len(tune(lambda: model(x, graph), "cpu", space="small", repeats=1)) >= 2
     assert json.loads(cache.read_text())["stamp"] == tuned_schedule.STAMP
+
+
+def timed_by_schedule(monkeypatch, rounds: dict[ForcedSchedule, list[float]], repeats: int) -> None:
+    """Make every timed call under schedule ``s`` take ``rounds[s][i]`` ms in repeat round
+    ``i`` (the untimed warm-up call 100 ms; schedules not named 2 ms a round)."""
+    from gnnfuse.backend import forced_schedule
+    calls: dict[ForcedSchedule, int] = {}
+
+    def fake_time_calls(fn, count, device):
+        schedule = forced_schedule._CURRENT.get()
+        done = calls.get(schedule, 0)
+        calls[schedule] = done + 1
+        step = done % (repeats + 1)          # each unit calls each schedule once, then once a round
+        return [100.0 if step == 0 else rounds.get(schedule, [2.0] * repeats)[step - 1]]
+    monkeypatch.setattr("gnnfuse.tuning.search.time_calls", fake_time_calls)
+
+
+def test_the_tuner_keeps_the_schedule_with_the_fastest_repeat_and_reports_the_cost_rules_time(cache, monkeypatch):
+    """Hand-set times: the cost rule takes 3 ms a call, feature tile 2 takes 1 ms then 5 ms
+    (its fastest call is the fastest of all), every other schedule 2 ms. The tuner must
+    keep tile 2 at 1 ms and report the cost rule's 3 ms beside it, in its results and in
+    the store."""
+    monkeypatch.setenv("GNNFUSE_BACKEND", "reference")
+    model, graph, x = tiny()
+    tile = ForcedSchedule(feature_tile=2)
+    timed_by_schedule(monkeypatch, {ForcedSchedule(): [3.0, 3.0], tile: [1.0, 5.0]}, repeats=2)
+    results = tune(lambda: model(x, graph), "cpu", space="small", repeats=2)
+    assert results and all(r.candidates > 2 for r in results)
+    for result in results:
+        assert (result.schedule, result.best_ms, result.cost_rule_ms) == (tile, 1.0, 3.0)
+    for entry in json.loads(cache.read_text())["entries"].values():
+        assert (entry["ms"], entry["cost_rule_ms"]) == (1.0, 3.0)
