@@ -379,3 +379,17 @@ def test_the_tuner_keeps_the_schedule_with_the_fastest_repeat_and_reports_the_co
         assert (result.schedule, result.best_ms, result.cost_rule_ms) == (tile, 1.0, 3.0)
     for entry in json.loads(cache.read_text())["entries"].values():
         assert (entry["ms"], entry["cost_rule_ms"]) == (1.0, 3.0)
+
+
+def test_retune_times_units_with_a_stored_choice_again_and_stores_the_new_choice(cache, monkeypatch):
+    """A first search stores tile 2 (the fastest then); with ``retune`` the stored choices
+    are timed again, not reused, and the schedule now fastest replaces them."""
+    monkeypatch.setenv("GNNFUSE_BACKEND", "reference")
+    model, graph, x = tiny()
+    tile, untiled = ForcedSchedule(feature_tile=2), ForcedSchedule()
+    timed_by_schedule(monkeypatch, {untiled: [3.0], tile: [1.0]}, repeats=1)
+    assert {r.schedule for r in tune(lambda: model(x, graph), "cpu", space="small", repeats=1)} == {tile}
+    timed_by_schedule(monkeypatch, {untiled: [0.5], tile: [1.0]}, repeats=1)
+    again = tune(lambda: model(x, graph), "cpu", space="small", repeats=1, retune=True)
+    assert again and not any(r.reused for r in again) and {r.schedule for r in again} == {untiled}
+    assert {e["ms"] for e in json.loads(cache.read_text())["entries"].values()} == {0.5}
