@@ -494,6 +494,14 @@ def test_partitioned_model_refuses_what_it_cannot_partition_exactly():
     with pytest.raises(ValueError, match="improved=True"):
         PartitionedModel(TwoLayerGNN(GCNConv(4, 4, improved=True), GCNConv(4, 2), F.relu, 0.0), graph(),
                          HaloExchange(part))
+    # the partition computes PyG's default GCN normalisation, source to target: any other
+    # setting would give other rows than the layer on one process, so it must be refused
+    for setting, named in (({"flow": "target_to_source"}, "flow='target_to_source'"),
+                           ({"normalize": False}, "normalize=False"),
+                           ({"add_self_loops": False}, "add_self_loops=False")):
+        with pytest.raises(ValueError, match=named):
+            PartitionedModel(TwoLayerGNN(GCNConv(4, 4), GCNConv(4, 2, **setting), F.relu, 0.0), graph(),
+                             HaloExchange(part))
     with pytest.raises(ValueError, match="GINConv"):
         PartitionedModel(TwoLayerGNN(GINConv(torch.nn.Linear(4, 4)), GCNConv(4, 2), F.relu, 0.0), graph(),
                          HaloExchange(part))
