@@ -296,6 +296,18 @@ def test_contiguous_owners_are_ranges_balanced_by_in_edges():
     assert contiguous_owners(g, NUM_NODES + 3).max() < NUM_NODES + 3       # more ranks than vertices
 
 
+def test_contiguous_owners_and_imbalance_of_a_hand_counted_graph():
+    """Three edges into vertex 0: loads (in-degree + 1) 4, 1, 1, 1, total 7. The cost before
+    each vertex is 0, 4, 5, 6, so on 2 ranks (a share of 3.5) vertex 0 alone is rank 0's
+    and the rest rank 1's: loads 4 and 3, imbalance 4 / 3.5."""
+    g = Graph(torch.tensor([1, 2, 3]), torch.tensor([0, 0, 0]), 4)
+    owner = contiguous_owners(g, 2)
+    assert owner.tolist() == [0, 1, 1, 1]
+    assert partition_stats(g, owner, 2).imbalance == pytest.approx(4 / 3.5)
+    assert contiguous_owners(Graph(torch.tensor([], dtype=torch.int64), torch.tensor([], dtype=torch.int64), 4),
+                             2).tolist() == [0, 0, 1, 1]
+
+
 def test_greedy_partition_of_cora_cuts_fewer_edges_than_ranges(shared_data):
     g = load_node_dataset("cora", shared_data).graph
     greedy = partition_stats(g, greedy_owners(g, WORLD), WORLD)
