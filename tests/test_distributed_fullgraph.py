@@ -323,6 +323,22 @@ def test_partition_rejects_bad_owners():
         partition_graph(graph(), torch.full((NUM_NODES,), 2), 0, WORLD)
 
 
+def test_partition_refuses_a_bipartite_graph():
+    """Owners are one rank per vertex of one vertex set; a block's sources and
+    destinations are two sets, which no owner vector describes."""
+    block = Graph(torch.tensor([0, 3, 4]), torch.tensor([0, 1, 1]), 2, num_src_nodes=5)
+    with pytest.raises(ValueError, match="bipartite"):
+        partition_graph(block, torch.zeros(2, dtype=torch.int64), 0, 1)
+
+
+def test_halo_exchange_refuses_rows_that_are_not_one_per_owned_vertex():
+    """Refused before any collective (none is initialised here): rows of all vertices
+    where the owned ones are due would send rows of the wrong vertices."""
+    part = partition_graph(graph(), owners("contiguous"), 0, WORLD)
+    with pytest.raises(ValueError, match=f"one row per owned vertex \\({part.num_owned}\\), got {NUM_NODES}"):
+        HaloExchange(part)(torch.zeros(NUM_NODES, 3))
+
+
 @pytest.mark.parametrize("world", [WORLD, 3])
 @pytest.mark.parametrize("kind", OWNERSHIPS)
 def test_halo_exchange_is_the_gather_and_its_gradient(request, kind, world):
