@@ -113,6 +113,16 @@ def test_partitioned_fetch_refuses_ids_outside_the_table_before_any_collective(i
         store.gather(torch.tensor(ids))
 
 
+def test_row_ranges_split_evenly_and_a_rank_holding_other_rows_is_refused():
+    """11 rows on 4 ranks: sizes 2, 3, 3, 3 (differing by at most one, not 2, 2, 2, 5);
+    a rank handed 4 rows where its range holds 2 is refused before any collective."""
+    assert row_ranges(11, 4) == [0, 2, 5, 8, 11]
+    assert row_ranges(3, 4) == [0, 0, 1, 2, 3]
+    table = torch.arange(11 * 3, dtype=torch.float32).reshape(11, 3)
+    with pytest.raises(ValueError, match="rank 0 owns rows 0..1 but holds 4 rows"):
+        PartitionedFeatures(table[:4], row_ranges(11, 4), 0)
+
+
 @pytest.mark.parametrize("ids", [[True, False, True, False], [2.0, 0.0]], ids=["mask", "float"])
 def test_partitioned_fetch_refuses_ids_that_are_not_integers(ids):
     """A boolean mask went in as ids 1 and 0 (``ids.to(int64)``): gather(mask) returned
