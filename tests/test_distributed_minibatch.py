@@ -153,6 +153,47 @@ def test_partitioned_fetch_from_a_learnable_table_is_refused_unless_gradients_ar
         dist.destroy_process_group()
 
 
+def one_rank_steps(reduce_gradients) -> dict[str, torch.Tensor]:
+    """A step of SGD with weight decay on a model with a frozen weight and a layer the loss
+    does not read, on one process (``reduce_gradients`` None) or with the gradients
+    reduced over a process group of one rank: the weights after it, and which got a gradient."""
+    torch.manual_seed(0)
+    used, unused, frozen = torch.nn.Linear(3, 2), torch.nn.Linear(3, 2), torch.nn.Linear(3, 2)
+    frozen.requires_grad_(False)
+    model = torch.nn.ModuleDict({"used": used, "unused": unused, "frozen": frozen})
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5, weight_decay=0.1)
+    (used(torch.ones(4, 3)) + frozen(torch.ones(4, 3))).sum().backward()
+    if reduce_gradients is not None:
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+        try:
+            reduce_gradients(model.parameters())
+        finally:
+            dist.destroy_process_group()
+    got = {name: p.grad is not None for name, p in model.named_parameters()}
+    optimizer.step()
+    return {**{name: p.detach().clone() for name, p in model.named_parameters()}, "got": got}
+
+
+def test_a_frozen_weight_gets_no_gradient_from_averaging_and_stays_put_as_on_one_process():
+    """average_gradients fills missing gradients with zeros for the parameters that
+    require one; a frozen weight given a zero gradient would be moved by weight decay."""
+    from gnnfuse.distributed.gradients import average_gradients
+    alone, averaged = one_rank_steps(None), one_rank_steps(average_gradients)
+    assert not averaged["got"]["frozen.weight"] and not averaged["got"]["frozen.bias"]
+    for name in ("frozen.weight", "frozen.bias", "used.weight"):
+        assert torch.equal(averaged[name], alone[name]), name
+
+
+def test_summed_gradients_leave_none_where_no_rank_reached_a_parameter_as_on_one_process():
+    """all_reduce_gradients keeps ``grad = None`` for a layer no rank's loss read: a zero
+    gradient there would let weight decay move it, which one process does not."""
+    from gnnfuse.distributed.gradients import all_reduce_gradients
+    alone, summed = one_rank_steps(None), one_rank_steps(all_reduce_gradients)
+    assert summed["got"] == alone["got"] and not summed["got"]["unused.weight"]
+    for name in ("unused.weight", "unused.bias", "used.weight"):
+        assert torch.equal(summed[name], alone[name]), name
+
+
 def test_ddp_gradients_are_the_average_of_each_ranks_own(ranks):
     own = ranks[0]["grads"]["per_rank"]
     assert not torch.allclose(own[0], own[1])                # the ranks' batches differ
