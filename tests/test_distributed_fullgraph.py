@@ -331,6 +331,15 @@ def test_partition_refuses_a_bipartite_graph():
         partition_graph(block, torch.zeros(2, dtype=torch.int64), 0, 1)
 
 
+def test_halo_exchange_counters_restart_from_zero_after_reset():
+    """The full-graph run logs each epoch's halo bytes then resets both counters: one left
+    counting would report every epoch's gradients as the sum of all epochs so far."""
+    exchange = HaloExchange(partition_graph(graph(), owners("contiguous"), 0, WORLD))
+    exchange.forward_bytes, exchange.backward_bytes = 96, 48
+    exchange.reset_counts()
+    assert (exchange.forward_bytes, exchange.backward_bytes) == (0, 0)
+
+
 def test_halo_exchange_refuses_rows_that_are_not_one_per_owned_vertex():
     """Refused before any collective (none is initialised here): rows of all vertices
     where the owned ones are due would send rows of the wrong vertices."""
