@@ -34,6 +34,18 @@ def test_info_prints_counts_and_degree_summary(shared_data, capsys):
         assert expected in out
 
 
+def test_degree_summary_of_a_hand_counted_graph():
+    """Vertex v (0..10) has v in-edges, all from vertex 0: in-degrees 0..10, whose
+    linearly interpolated 90th, 99th and 99.9th percentiles are 9, 9.9 and 9.99. Vertex 0
+    has no in-edge but 55 out-edges, so no vertex is isolated."""
+    from gnnfuse.cli import degree_summary
+    from gnnfuse.graph import Graph
+    dst = torch.repeat_interleave(torch.arange(11), torch.arange(11))
+    lines = degree_summary(Graph(torch.zeros_like(dst), dst, 11))
+    assert lines == ["in-degree   min 0, median 5, mean 5.00, max 10", "percentiles p90 9, p99 9.9, p99.9 9.99",
+                     "isolated    0 nodes (no in- or out-edges)"]
+
+
 def test_train_logs_epochs_and_summary(capsys):
     assert main(["train", *FAST]) == 0
     out = capsys.readouterr().out
