@@ -390,6 +390,9 @@ def test_a_rank_without_torchrun_environment_names_the_missing_variables(monkeyp
     (["--cpu-ranks", "2", "--device", "cuda"], "for GPU ranks use --gpus N"),
     (["--gpus", "2"], "sees no GPU|NCCL|visible"),
     (["--features", "partitioned"], "partitioned features .* need a fanout"),
+    # one rank holds the whole table: partitioned would be a no-op the run reported as asked for
+    (["--cpu-ranks", "1", "--model", "sage", "--fanout", "5,5", "--features", "partitioned"],
+     "--features partitioned splits the feature table over several ranks"),
     # refused before the ranks start (each rank failed alike after loading the data)
     (["--cpu-ranks", "2", "--model", "sgc"], "model 'sgc' has no version of .* give a fanout"),
     (["--cpu-ranks", "2", "--model", "nope"], "unknown model 'nope'"),
