@@ -261,3 +261,12 @@ def test_cli_explain_writes_dot_into_a_pipe_and_leaves_it_a_pipe(tmp_path, capsy
         os.close(fd)
     assert stat.S_ISFIFO(os.stat(pipe).st_mode) and b"".join(received).startswith(b"digraph")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["dot.fifo"]
+
+
+def test_the_edge_count_note_counts_one_self_loop_per_vertex_for_gcn():
+    """GCN replaces the graph's self loops by one per vertex: edges (0, 0), (0, 1) and
+    (2, 1) on 3 vertices run as 2 + 3 = 5 edges, not 3 + 3."""
+    from gnnfuse.cli_explain import edge_count_note
+    graph = gnnfuse.Graph(torch.tensor([0, 0, 2]), torch.tensor([0, 1, 1]), 3)
+    note = edge_count_note("tiny", graph, gnnfuse.nn.GCNConv(2, 2))
+    assert note.startswith("tiny: 3 nodes, 3 edges") and note.endswith("so the programs below run on 5 edges")
