@@ -216,3 +216,40 @@ def test_only_gnnfuse_trains_launch_passes_sigint_on_to_its_ranks(pass_sigint, t
         with pytest.raises(KeyboardInterrupt):
             start_ranks(_sleeping_rank, (str(tmp_path), 4.0), 2, "cpu")
     assert time.perf_counter() - start < LAUNCH_LIMIT_S / 4
+
+
+@pytest.fixture
+def one_rank_group():
+    """A gloo process group of one rank in this process, for the ranks' bookkeeping alone."""
+    import torch.distributed as dist
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def test_a_carried_ctrl_c_stops_only_the_next_run_and_an_agreed_one_is_not_carried(one_rank_group):
+    """A request after a run's last agreement is kept for the next run, once: a request
+    left set after it was taken would stop every later run (and every resume of it in
+    this process) after its first epoch; one the ranks already agreed on is done with."""
+    from gnnfuse.distributed.stopping import _Carried, carry_over, rank_interrupt
+    _Carried.requested = False
+    late = rank_interrupt()
+    late.requested = True
+    carry_over(late, agreed=False)
+    assert rank_interrupt().requested          # the next run stops after its first epoch
+    assert not rank_interrupt().requested      # and the one after it runs on
+    agreed = rank_interrupt()
+    agreed.requested = True
+    carry_over(agreed, agreed=True)
+    assert not rank_interrupt().requested
+
+
+def test_a_state_of_another_number_of_ranks_is_refused_by_the_resuming_ranks(one_rank_group):
+    """The command line refuses it before the ranks start; a library caller's resume
+    reaches `restore_ranks_run`, which must refuse it too rather than take rank 0's
+    random state for this rank's."""
+    from gnnfuse.distributed.stopping import restore_ranks_run
+    from gnnfuse.training.config import ConfigError
+    model = torch.nn.Linear(2, 2)
+    with pytest.raises(ConfigError, match="the random states of 2 ranks, and 1 ranks resume it"):
+        restore_ranks_run({"ranks": [{}, {}]}, model, torch.optim.SGD(model.parameters(), lr=0.1), None)
