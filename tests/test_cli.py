@@ -704,3 +704,32 @@ def test_load_checkpoint_gives_each_runs_own_weights(tmp_path):
         assert model.state_dict().keys() == expected.keys()
         for key, value in model.state_dict().items():
             torch.testing.assert_close(value, expected[key], rtol=0, atol=0)
+
+
+def test_the_curves_drawn_are_the_runs_histories(tmp_path, monkeypatch):
+    """The plot's lines hold the history's numbers: validation loss dashed beside the
+    training loss, the best epoch's marker at ``best_epoch``, and each stage's bar
+    stacked on the sum of the stages below it (read back from the figure drawn)."""
+    pytest.importorskip("matplotlib")
+    from matplotlib.figure import Figure
+    from gnnfuse import curves
+    from gnnfuse.loader import STAGES
+    drawn = []
+
+    class Recorded(Figure):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            drawn.append(self)
+    monkeypatch.setattr(curves, "require_matplotlib", lambda: Recorded)
+    history = {"loss": [1.0, 0.5, 0.4], "val_loss": [1.2, 0.9, 1.1], "train_acc": [0.3, 0.6, 0.7],
+               "val_acc": [0.2, 0.5, 0.45], "epoch_seconds": [3.0, 3.0, 3.0],
+               **{f"stage_{s}": [float(i + 1)] * 3 for i, s in enumerate(STAGES)}}
+    run = RunResult(seed=0, best_epoch=2, best_val_acc=0.5, test_acc=0.4, epochs_run=3, seconds=1.0,
+                    state_dict={}, history=history)
+    curves.plot_curves(TrainSummary(make_config("gcn"), "synthetic", 4, 2, [run]), tmp_path / "curves.png")
+    loss_axes, acc_axes, stage_axes = drawn[0].axes
+    assert [list(line.get_ydata()) for line in loss_axes.get_lines()] == [history["loss"], history["val_loss"]]
+    assert [line.get_linestyle() for line in loss_axes.get_lines()] == ["-", "--"]
+    assert list(acc_axes.get_lines()[-1].get_xdata()) == [2, 2]
+    bottoms = [[bar.get_y() for bar in bars] for bars in stage_axes.containers]
+    assert bottoms == [[float(sum(range(1, i + 1)))] * 3 for i in range(len(STAGES))]
