@@ -253,3 +253,15 @@ def test_a_state_of_another_number_of_ranks_is_refused_by_the_resuming_ranks(one
     model = torch.nn.Linear(2, 2)
     with pytest.raises(ConfigError, match="the random states of 2 ranks, and 1 ranks resume it"):
         restore_ranks_run({"ranks": [{}, {}]}, model, torch.optim.SGD(model.parameters(), lr=0.1), None)
+
+
+@pytest.mark.parametrize("command", [FULL_GRAPH, MINI_BATCH], ids=["full-graph", "mini-batch"])
+def test_a_ctrl_c_in_a_runs_last_epoch_lets_the_finished_run_end_normally(command, tmp_path, capfd):
+    """A request agreed on in the last epoch of the last run leaves nothing to stop: the
+    run has trained every epoch, so it is saved and summarised with status 0, not reported
+    as interrupted after its last epoch with a resume that has nothing left to train."""
+    argv = [*command, "--cpu-ranks", "2", "--epochs", "3", "--save", str(tmp_path / "done.pt")]
+    status, _ = bounded_launch(functools.partial(_sigint_in_rank, 1, 3, 1), argv)
+    captured = capfd.readouterr()
+    assert status == 0 and "interrupted" not in captured.err, captured.err
+    assert "run 1/1 (seed 0)" in captured.out and load_checkpoint(tmp_path / "done.pt")[1]["runs"][0]["epochs_run"] == 3
