@@ -97,6 +97,21 @@ def test_the_backend_runs_the_tuned_choice_with_unchanged_values(cache, monkeypa
     assert report.count("[tuned schedule, cpu backend: ") == len(results) == 2, report
 
 
+def test_explain_marks_no_stored_choice_the_backend_passes_over(cache, monkeypatch):
+    """GNNFUSE_CPU_FEATURE_TILE or a schedule the call forces wins over a stored choice
+    (`forced_or_tuned`): the report said the stored choice ran while the override did."""
+    model, graph, x = tiny()
+    monkeypatch.setenv("GNNFUSE_BACKEND", "reference")
+    results = tune(lambda: model(x, graph), "cpu", space="small", repeats=1)
+    tuned_schedule.store({r.key: {"schedule": {"feature_tile": 2}} for r in results})
+    monkeypatch.setenv("GNNFUSE_BACKEND", "cpu")
+    assert str(gnnfuse.explain(model, x.requires_grad_(), graph)).count("[tuned schedule, cpu backend: ") == 2
+    with forcing(ForcedSchedule(feature_tile=3)):
+        assert "[tuned schedule" not in str(gnnfuse.explain(model, x, graph))
+    monkeypatch.setenv("GNNFUSE_CPU_FEATURE_TILE", "3")
+    assert "[tuned schedule" not in str(gnnfuse.explain(model, x, graph))
+
+
 @pytest.mark.parametrize("content, message", [
     ("{not json", "ignoring the tuned-schedule cache"),
     (json.dumps({"stamp": {"format": 0}, "entries": {}}), "written for other kernels"),

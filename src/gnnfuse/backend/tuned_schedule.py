@@ -271,8 +271,11 @@ def forced_or_tuned(unit: Unit, graph: Graph, backend: str) -> ForcedSchedule | 
 
 def note(unit: Unit, graph: Graph) -> str | None:
     """For `gnnfuse.explain`: the tuned choices stored for ``unit`` on this graph and
-    device, per backend, or None."""
-    found = [(b, lookup(unit, graph, b)) for b in ("cpu", "triton")]
+    device that a backend would run, per backend, or None. A choice that `forced_or_tuned`
+    passes over (the call forced a schedule, or the backend's `OVERRIDES` variable is set)
+    is not noted: ``GNNFUSE_CPU_FEATURE_TILE=4`` ran tiles of 4 while the report said the
+    stored tile of 2 ran."""
+    found = [(b, forced_or_tuned(unit, graph, b)) for b in OVERRIDES] if forced_schedule() is None else []
     text = "; ".join(f"{b} backend: {describe(s)}" for b, s in found if s is not None)
     return f"tuned schedule, {text}" if text else None
 
