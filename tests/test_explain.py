@@ -90,6 +90,32 @@ def test_gat_layer_units_dot_source_and_render(tmp_path, monkeypatch):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_dot_draws_every_fused_unit_with_the_values_it_recomputes():
+    """GAT's three forward units each recompute the scores (broadcasts, add, leaky_relu) in
+    registers; to_dot declared one node per value in each unit's cluster, and Graphviz
+    draws a node declared in several clusters in one of them, so two of the units were
+    drawn without the values they compute. Each unit now has its own copy, fed by its
+    own edges."""
+    import re
+    report = gnnfuse.explain(GATConv(6, 2, heads=2).double(), torch.randn(5, 6, dtype=torch.float64), _graph())
+    dot = report.to_dot()
+    declared = re.findall(r"^\s*(\w+) \[label", dot, re.M)
+    assert len(declared) == len(set(declared))
+    edges = re.findall(r"^\s*(\w+) -> (\w+);", dot, re.M)
+    assert {n for edge in edges for n in edge} <= set(declared)
+    units = [s for s in report.programs[0].forward.steps if s.fused]
+    recomputed = {v.id for v in units[0].body} & {v.id for v in units[1].body}
+    assert recomputed
+    for k, unit in enumerate(units):
+        cluster = dot.split(f"subgraph cluster_p1f_u{k} {{")[1].split("}")[0]
+        drawn = re.findall(r"^\s*(\w+) \[label", cluster, re.M)
+        assert len(drawn) == len(unit.body) + len(unit.writes)
+        assert all(f"_u{k}_{i} [" in cluster for i in recomputed if i in {v.id for v in unit.body})
+        # a recomputed value's copy is fed inside its unit: every edge into it starts in the unit or outside all
+        for name in drawn:
+            assert all(src in drawn or "_u" not in src for src, dst in edges if dst == name)
+
+
 def test_a_call_without_compiled_programs_says_so():
     report = gnnfuse.explain(lambda: 3)
     assert report.result == 3 and report.programs == []

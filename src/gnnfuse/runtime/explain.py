@@ -516,17 +516,25 @@ class ExplainReport:
         for prefix, title, plan in self._sections():
             names = _names(plan.program)
             lines.append(f'  subgraph cluster_{prefix} {{\n    label="{title}";')
-            in_unit = set()
-            for k, step in enumerate(s for s in plan.steps if s.fused):
-                members = step.body + step.writes
-                in_unit.update(v.id for v in members)
+            steps = [s for s in plan.steps if s.fused]
+            units = [{v.id for v in s.body + s.writes} for s in steps]
+            shared = {i for i, n in Counter(i for unit in units for i in unit).items() if n > 1}
+            # a value recomputed in several units gets a node in each: one node declared in
+            # several clusters is drawn in one, the other units shown without it
+            copies = {(k, v.id) for k, s in enumerate(steps) for v in s.body if v.id in shared}
+            for k, step in enumerate(steps):
                 lines.append(f'    subgraph cluster_{prefix}_u{k} {{\n      label="{_escape(step.label)}";\n'
                              '      style=filled; fillcolor="#dbe9f6"; color="#4a7fb5";')
-                lines += [f"      {_dot_node(prefix, v, names)}" for v in members]
+                lines += [f"      {_dot_node(_dot_name(prefix, v, k, copies), v, names)}"
+                          for v in step.body + step.writes]
                 lines.append("    }")
-            lines += [f"    {_dot_node(prefix, v, names)}" for v in plan.program.values if v.id not in in_unit]
+            lines += [f"    {_dot_node(_dot_name(prefix, v, None, copies), v, names)}" for v in plan.program.values
+                      if not any(v.id in unit for unit in units)]
             lines.append("  }")
-            lines += [f"  {prefix}_{i.id} -> {prefix}_{v.id};" for v in plan.program.values for i in v.inputs]
+            for v in plan.program.values:
+                for k in [k for k, unit in enumerate(units) if v.id in unit] or [None]:
+                    lines += [f"  {_dot_name(prefix, i, k, copies)} -> {_dot_name(prefix, v, k, copies)};"
+                              for i in v.inputs]
         lines.append("}")
         return "\n".join(lines) + "\n"
 
@@ -563,9 +571,15 @@ def _node_label(v: Value, names: dict[int, str]) -> str:
     return f"{names[v.id]} = {v.op}\n{v.residency.name}{list(v.shape)}"
 
 
-def _dot_node(prefix: str, v: Value, names: dict[int, str]) -> str:
+def _dot_name(prefix: str, v: Value, unit: int | None, copies: set[tuple[int, int]]) -> str:
+    """The DOT node of ``v`` as fused unit ``unit`` (None: outside every unit) sees it:
+    the unit's own copy where it recomputes ``v`` (``copies``), else ``v``'s one node."""
+    return f"{prefix}_u{unit}_{v.id}" if (unit, v.id) in copies else f"{prefix}_{v.id}"
+
+
+def _dot_node(node: str, v: Value, names: dict[int, str]) -> str:
     shape = ', shape=ellipse' if v.op == "input" else ""
-    return f'{prefix}_{v.id} [label="{_escape(_node_label(v, names))}"{shape}];'
+    return f'{node} [label="{_escape(_node_label(v, names))}"{shape}];'
 
 
 def _draw(sections: list[tuple[str, str, Plan]], path: Path, nx: Any) -> None:
