@@ -169,7 +169,10 @@ def test_bench_json_names_the_machine_versions_and_commit(tmp_path, capsys):
     assert env["device"] == "cpu" and env["torch"] == torch.__version__
     assert {"git_commit", "git_dirty", "gnnfuse", "torch_geometric", "date"} <= set(env)
     commit = (env["git_commit"] or "unknown")[:12]
-    assert f"machine: {env['device_name']}" in capsys.readouterr().out and commit
+    [line] = [line for line in capsys.readouterr().out.splitlines() if line.startswith("machine: ")]
+    # the table's second line names the PyG version as README says (it was left out)
+    assert line.startswith(f"machine: {env['device_name']}") and f"PyG {env['torch_geometric']};" in line
+    assert f"commit {commit}" in line
 
 
 def test_the_table_keeps_its_columns_with_pyg_compile_ro():

@@ -104,14 +104,16 @@ def format_table(report: dict[str, Any]) -> str:
 
 
 def _machine_line(env: dict[str, Any] | None) -> str:
-    """Where the numbers came from: device, threads, backend, torch and the commit
-    (``dirty``: tracked files differed from it). A report saved before threads and
-    backend were recorded leaves them out."""
+    """Where the numbers came from: device, threads, backend, the torch, PyG and gnnfuse
+    versions and the commit (``dirty``: tracked files differed from it). A report saved
+    before threads and backend were recorded leaves them out. PyG's version, which the
+    README says this line names, was left out: the baselines' numbers move with it."""
     if env is None:
         return "machine: not recorded"
     commit = (env["git_commit"] or "unknown")[:12] + (" (dirty)" if env["git_dirty"] else "")
     setup = (f", {env['threads']} CPU thread(s), gnnfuse backend {env['backend']}" if "threads" in env else "")
-    return f"machine: {env['device_name']}{setup}; torch {env['torch']}; gnnfuse {env['gnnfuse']}, commit {commit}"
+    return (f"machine: {env['device_name']}{setup}; torch {env['torch']}; PyG {env.get('torch_geometric')}; "
+            f"gnnfuse {env['gnnfuse']}, commit {commit}")
 
 
 def _ratio(value: float | None, name: str) -> str:
