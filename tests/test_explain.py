@@ -2,6 +2,8 @@
 follow the documented model on the graph's real N and E, DOT text, rendering, CLI."""
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 
@@ -114,6 +116,30 @@ def test_dot_draws_every_fused_unit_with_the_values_it_recomputes():
         # a recomputed value's copy is fed inside its unit: every edge into it starts in the unit or outside all
         for name in drawn:
             assert all(src in drawn or "_u" not in src for src, dst in edges if dst == name)
+
+
+@pytest.mark.parametrize("backend", ["cpu", "reference"])
+def test_a_unit_mixing_float64_with_float32_is_listed_as_the_torch_ops_it_runs(backend, monkeypatch):
+    """Both backends run a unit mixing float64 and float32 values as torch ops
+    (backend/unit_ops.py), which write the gathered [E, 3] rows; explain listed one fused
+    unit and 'edge-rowed tensors written: none' (the cpu backend's warning is given once
+    per process, so a later explain had nothing else to say it)."""
+    if backend == "cpu":
+        pytest.importorskip("numba")
+    monkeypatch.setenv("GNNFUSE_BACKEND", backend)
+    device = "cpu"      # both backends run host tensors (never Triton)
+    graph = _graph()
+    h = torch.randn(5, 3, dtype=torch.float64, device=device, requires_grad=True)
+    w = torch.randn(5, 1, dtype=torch.float32, device=device)
+    with warnings.catch_warnings():     # the cpu backend's, once per process
+        warnings.simplefilter("ignore", RuntimeWarning)
+        report = gnnfuse.explain(_neighbour_sum, graph, {"h": h, "w": w})
+    forward = report.programs[0].forward
+    assert not any(s.fused for s in forward.steps)
+    assert [s.item.op for s in forward.steps] == ["mul", "broadcast", "reduce"]
+    [gathered] = forward.edge_tensors
+    assert forward.edge_tensor_bytes == graph.num_edges * 3 * 8 and gathered.value.op == "broadcast"
+    assert "run as torch ops: it mixes torch.float32 and torch.float64 values" in str(report)
 
 
 def test_a_call_without_compiled_programs_says_so():

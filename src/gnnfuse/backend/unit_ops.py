@@ -63,7 +63,12 @@ def run_by_ops(unit: Unit, ctx: GraphContext, leaves: dict[int, torch.Tensor]) -
     for v in unit.leaves:
         if v.op == "const":
             env[v.id] = get_op("const").run(ctx, [], [], v.attrs)
-    tail = [unit.reduce, unit.scaled, unit.added] if isinstance(unit, AggregateUnit) else [unit.root]
-    for v in (*unit.body, *[t for t in tail if t is not None]):
+    for v in unit_values(unit):
         env[v.id] = get_op(v.op).run(ctx, [env[i.id] for i in v.inputs], [i.residency for i in v.inputs], v.attrs)
     return env[unit.root.id]
+
+
+def unit_values(unit: Unit) -> list[Value]:
+    """The values `run_by_ops` computes, in order (`gnnfuse.explain` lists them so)."""
+    tail = [unit.reduce, unit.scaled, unit.added] if isinstance(unit, AggregateUnit) else [unit.root]
+    return [*unit.body, *[t for t in tail if t is not None]]

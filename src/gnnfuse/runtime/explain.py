@@ -70,6 +70,7 @@ import torch
 from ..backend import tuned_schedule
 from ..backend.constant_args import constant_slots
 from ..backend.forced_schedule import TILED_SCORES_FROM_EDGES, forcing, tiled_scores
+from ..backend.unit_ops import mixed_floats, unit_values
 from ..environ import getenv
 from ..graph import Graph
 from ..ir import Program, Residency, Value, get_op
@@ -321,6 +322,8 @@ def _one_kernel(group: Any, sizes: _Sizes) -> bool:
         from ..backend.triton.executor import members_walk_together
     except ImportError:
         return False
+    if any(mixed_floats(m, {}) for m in (*group.members, *group.riders)):
+        return False      # its members run apart (`_plan_siblings`)
     return members_walk_together(group, sizes.graph, sizes.group_rows(group), sizes.num_edges)
 
 
@@ -361,6 +364,9 @@ def _plan(phase: str, program: Program, keep: list[int], sizes: _Sizes, source: 
             continue
         one_kernel = hasattr(item, "members") and _one_kernel(item, sizes)
         for n, unit in enumerate(getattr(item, "members", [item])):
+            if mixed_floats(unit, {}):      # the leaves' tensors have their values' dtypes
+                steps.extend(_by_ops(unit, sizes, names))
+                continue
             online = [item.shifts[n], *([item.normalizers[n]] if n in item.normalizers else [])] \
                 if n in getattr(item, "shifts", {}) else []
             step = _unit_step(unit, sizes, frozenset(item.members[k].root.id for k in online))
@@ -393,6 +399,17 @@ def _plan(phase: str, program: Program, keep: list[int], sizes: _Sizes, source: 
             steps.append(step)
     written = [v for step in steps for v in step.writes]
     return Plan(phase, program, steps, edge_tensors(written, keep, tainted), sizes.num_edges, tiled)
+
+
+def _by_ops(unit: Any, sizes: _Sizes, names: dict[int, str]) -> list[Step]:
+    """A unit mixing float64 with another float, as both backends run it: one torch op per
+    value (backend/unit_ops.py), each written in full. Listed as one fused unit, its
+    per-edge values went unreported: 'edge-rowed tensors written: none' where the run
+    wrote its gathered [E, F] rows."""
+    steps = [_op_step(v, sizes, names) for v in unit_values(unit) if v.op != "const"]
+    steps[0].label += (f"\n    from {unit.describe()}, run as torch ops: it mixes "
+                       f"{' and '.join(map(str, mixed_floats(unit, {})))} values (backend/unit_ops.py)")
+    return steps
 
 
 def _type_sum_alone(unit: TypeSumUnit, sizes: _Sizes, names: dict[int, str], source: bool,
