@@ -142,6 +142,24 @@ def test_a_unit_mixing_float64_with_float32_is_listed_as_the_torch_ops_it_runs(b
     assert "run as torch ops: it mixes torch.float32 and torch.float64 values" in str(report)
 
 
+def test_explain_before_training_leaves_the_random_draws_of_later_steps_alone():
+    """explain runs the call once, dropout included: a model explained after seeding drew
+    other masks in its next forward than one never explained, so its training differed."""
+    graph = _graph()
+    x = torch.randn(5, 6)
+    conv = GATConv(6, 2, heads=2, dropout=0.5).train()
+
+    def model(x, graph):
+        return conv(gnnfuse.nn.functional.dropout(x, 0.5, True), graph)
+    outputs = []
+    for explain_first in (False, True):
+        torch.manual_seed(0)
+        if explain_first:
+            gnnfuse.explain(model, x, graph)
+        outputs.append(model(x, graph))
+    assert torch.equal(*outputs)
+
+
 def test_a_call_without_compiled_programs_says_so():
     report = gnnfuse.explain(lambda: 3)
     assert report.result == 3 and report.programs == []

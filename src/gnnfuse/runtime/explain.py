@@ -644,13 +644,18 @@ def explain(fn: Callable[..., Any], *args: Any, source: bool = False, **kwargs: 
     traced and optimized programs, forward/backward fused-unit plans with what each step
     reads and writes, estimated bytes moved on the actual graph, and with ``source=True``
     each unit's generated Triton kernel. ``fn`` may be a layer (``nn.Module``), a vertex
-    function or any callable that ends up running compiled programs."""
+    function or any callable that ends up running compiled programs. torch's random
+    generators are restored after the call, so explaining leaves later results as they
+    would have been."""
     if not callable(fn):
         raise TypeError(f"explain() takes a callable (a layer, vertex function or function), "
                         f"got {type(fn).__name__}")
     placements = _placements(fn)
     before = [Counter(p.decisions) for p in placements]
-    with record_calls() as calls:
+    # the random generators as they were: a call drawing dropout masks advanced them, so
+    # a model explained before training trained to other weights than one never explained
+    cuda = list(range(torch.cuda.device_count())) if torch.cuda.is_initialized() else []
+    with torch.random.fork_rng(devices=cuda), record_calls() as calls:
         result = fn(*args, **kwargs)
     reports: dict[tuple, ProgramReport] = {}
     for call in calls:
