@@ -160,6 +160,22 @@ def test_explain_before_training_leaves_the_random_draws_of_later_steps_alone():
     assert torch.equal(*outputs)
 
 
+@pytest.mark.parametrize("tiled", ["0", "1"])
+def test_the_cpu_backend_is_not_advised_a_setting_it_does_not_read(tiled, monkeypatch):
+    """The cpu backend writes GATv2's per-edge scores whatever GNNFUSE_TILED_SCORES says;
+    its plans advised 'GNNFUSE_TILED_SCORES=1 recomputes them', which changed nothing, and
+    under =1 called the scores tiled while the run wrote them."""
+    pytest.importorskip("numba")
+    monkeypatch.setenv("GNNFUSE_BACKEND", "cpu")
+    monkeypatch.setenv("GNNFUSE_TILED_SCORES", tiled)
+    device = "cpu"      # the cpu backend's host tensors
+    conv = gnnfuse.nn.GATv2Conv(6, 2, heads=2).to(device)
+    report = gnnfuse.explain(conv, torch.randn(5, 6, device=device, requires_grad=True), _graph().to(device))
+    forward = report.programs[0].forward
+    assert not forward.tiled_scores and [t.value.op for t in forward.edge_tensors] == ["sum_dim"]
+    assert "GNNFUSE_TILED_SCORES" not in str(report)
+
+
 def test_a_call_without_compiled_programs_says_so():
     report = gnnfuse.explain(lambda: 3)
     assert report.result == 3 and report.programs == []

@@ -124,6 +124,7 @@ class Plan:
     edge_tensors: list[EdgeTensor]  # per-edge values the steps write (passes/io_rule.py)
     num_edges: int                  # E of the graph the byte counts are for
     tiled_scores: bool              # whether per-edge feature sums were recomputed in the units reading them
+    backend: str = "triton"         # whose units these are: "triton", or "cpu" (which never tiles them)
 
     @property
     def traffic(self) -> int:
@@ -351,7 +352,7 @@ def _plan(phase: str, program: Program, keep: list[int], sizes: _Sizes, source: 
     names = _names(program)
     sizes = sizes.of(program)
     steps = []
-    tiled = tiled_scores(sizes.num_edges)
+    tiled = not cpu and tiled_scores(sizes.num_edges)
     for item in partition(program, keep) if cpu else fused_plan(program, keep, tiled):
         if isinstance(item, Value):
             steps.append(_op_step(item, sizes, names))
@@ -398,7 +399,8 @@ def _plan(phase: str, program: Program, keep: list[int], sizes: _Sizes, source: 
                 step.source = "(the kernel above)"
             steps.append(step)
     written = [v for step in steps for v in step.writes]
-    return Plan(phase, program, steps, edge_tensors(written, keep, tainted), sizes.num_edges, tiled)
+    return Plan(phase, program, steps, edge_tensors(written, keep, tainted), sizes.num_edges, tiled,
+                "cpu" if cpu else "triton")
 
 
 def _by_ops(unit: Any, sizes: _Sizes, names: dict[int, str]) -> list[Step]:
@@ -510,7 +512,9 @@ class ExplainReport:
         line = (f"edge-rowed tensors written: {len(plan.edge_tensors)}, {_mb(plan.edge_tensor_bytes)} in all; "
                 f"largest {names[v.id]} {v.op} {v.residency.name}{list((plan.num_edges,) + v.shape)} = "
                 f"{_mb(plan.edge_bytes(largest))}{marks}")
-        if not plan.tiled_scores and any(tiles_in_body(t.value) for t in plan.edge_tensors):
+        # the Triton backend's choice: the cpu backend writes them whatever GNNFUSE_TILED_SCORES says
+        if plan.backend == "triton" and not plan.tiled_scores and any(tiles_in_body(t.value)
+                                                                      for t in plan.edge_tensors):
             why = ("GNNFUSE_TILED_SCORES=0" if getenv("GNNFUSE_TILED_SCORES", "auto") == "0"
                    else f"the graph has under {TILED_SCORES_FROM_EDGES:,} edges")
             line += (f"\n  (per-edge feature sums such as attention scores are written once, as {why}; "
