@@ -57,6 +57,7 @@ from gathered vertex rows, see passes/io_rule.py) are marked so.
 from __future__ import annotations
 
 import copy
+import functools
 import importlib.util
 import math
 import shutil
@@ -70,6 +71,7 @@ import torch
 from ..backend import tuned_schedule
 from ..backend.constant_args import constant_slots
 from ..backend.forced_schedule import TILED_SCORES_FROM_EDGES, forcing, tiled_scores
+from ..backend.reference import GraphContext
 from ..backend.unit_ops import mixed_floats, unit_values
 from ..environ import getenv
 from ..graph import Graph
@@ -78,7 +80,7 @@ from ..ir.ops.movement import contended
 from ..ir.ops.typed_aggregate import recorded_choice
 from ..ir.residency import Movement
 from ..ir.sides import sides_of
-from ..passes.fusion import EdgeUnit, SharedReduceUnit, gathered_leaves, partition, summed_operand, tiles_in_body
+from ..passes.fusion import SharedReduceUnit, gathered_leaves, partition, tiles_in_body
 from ..passes.io_rule import EdgeTensor, backward_reads_gathered_rows, edge_tensors, reads_gathered_rows
 from ..passes.pair_sources import PAIR_PREFIX
 from ..passes.siblings import fused_plan
@@ -353,20 +355,21 @@ def _plan(phase: str, program: Program, keep: list[int], sizes: _Sizes, source: 
     sizes = sizes.of(program)
     steps = []
     tiled = not cpu and tiled_scores(sizes.num_edges)
+    by_ops = functools.partial(_by_ops_reason, GraphContext(sizes.graph) if cpu else None)
     for item in partition(program, keep) if cpu else fused_plan(program, keep, tiled):
         if isinstance(item, Value):
             steps.append(_op_step(item, sizes, names))
             continue
         if isinstance(item, TypeSumUnit):
-            steps.extend(_type_sum_alone(item, sizes, names, source))
+            steps.extend(_type_sum_alone(item, sizes, names, source, by_ops))
             continue
         if cpu and isinstance(item, SharedReduceUnit):
-            steps.extend(_shared_reduce_on_cpu(item, sizes, names, source))
+            steps.extend(_shared_reduce_on_cpu(item, sizes, names, source, by_ops))
             continue
         one_kernel = hasattr(item, "members") and _one_kernel(item, sizes)
         for n, unit in enumerate(getattr(item, "members", [item])):
-            if mixed_floats(unit, {}):      # the leaves' tensors have their values' dtypes
-                steps.extend(_by_ops(unit, sizes, names))
+            if why := by_ops(unit):
+                steps.extend(_by_ops(unit, sizes, names, why))
                 continue
             online = [item.shifts[n], *([item.normalizers[n]] if n in item.normalizers else [])] \
                 if n in getattr(item, "shifts", {}) else []
@@ -389,8 +392,9 @@ def _plan(phase: str, program: Program, keep: list[int], sizes: _Sizes, source: 
             steps.append(step)
         for rider in getattr(item, "riders", []):
             if not (one_kernel and rider_fits(rider, sizes.rows(Residency.EDGE_TYPE))):
-                steps.extend(_type_sum_alone(rider, sizes, names, source, f"the {item.by} walk above cannot carry it "
-                                             "here (a member off the CSR schedule, or too many edge types)"))
+                steps.extend(_type_sum_alone(rider, sizes, names, source, by_ops, f"the {item.by} walk above cannot "
+                                             "carry it here (a member off the CSR schedule, a mix of float64 with "
+                                             "another float, or too many edge types)"))
                 continue
             step = _unit_step(rider, sizes, walk=item.by)
             step.label += (f"\n    rides the {item.by} CSR walk of the {len(item.members)} unit(s) above: each program "
@@ -403,33 +407,51 @@ def _plan(phase: str, program: Program, keep: list[int], sizes: _Sizes, source: 
                 "cpu" if cpu else "triton")
 
 
-def _by_ops(unit: Any, sizes: _Sizes, names: dict[int, str]) -> list[Step]:
-    """A unit mixing float64 with another float, as both backends run it: one torch op per
-    value (backend/unit_ops.py), each written in full. Listed as one fused unit, its
-    per-edge values went unreported: 'edge-rowed tensors written: none' where the run
-    wrote its gathered [E, F] rows."""
+def _by_ops_reason(ctx: GraphContext | None, unit: Any) -> str | None:
+    """Why the backend runs ``unit`` as torch ops, or None where one kernel runs it: with
+    ``ctx`` (a plan the cpu backend ran) that executor's own decision on the graph -- no
+    kernel for a dtype, an op its generator cannot express, a mix of float64 with another
+    float --, else that mix, which the Triton backend runs so. The leaves' tensors have
+    their values' dtypes."""
+    if ctx is not None:
+        from ..backend.cpu.executor import by_ops_reason
+        return by_ops_reason(unit, ctx, {v.id: torch.empty(0, dtype=v.dtype) for v in unit.leaves if v.op != "const"})
+    floats = mixed_floats(unit, {})
+    return f"it mixes {' and '.join(map(str, floats))} values (backend/unit_ops.py)" if floats else None
+
+
+def _by_ops(unit: Any, sizes: _Sizes, names: dict[int, str], why: str) -> list[Step]:
+    """A unit a backend runs as torch ops (`_by_ops_reason`): one torch op per value
+    (backend/unit_ops.py), each written in full. Listed as one fused unit, its per-edge
+    values went unreported: 'edge-rowed tensors written: none' where the run wrote its
+    gathered [E, F] rows."""
     steps = [_op_step(v, sizes, names) for v in unit_values(unit) if v.op != "const"]
-    steps[0].label += (f"\n    from {unit.describe()}, run as torch ops: it mixes "
-                       f"{' and '.join(map(str, mixed_floats(unit, {})))} values (backend/unit_ops.py)")
+    steps[0].label += f"\n    from {unit.describe()}, run as torch ops: {why}"
     return steps
 
 
 def _type_sum_alone(unit: TypeSumUnit, sizes: _Sizes, names: dict[int, str], source: bool,
-                    why: str = "no walk to ride") -> list[Step]:
+                    by_ops: Callable[[Any], str | None], why: str = "no walk to ride") -> list[Step]:
     """A sum by edge type riding no walk, as it runs: its operand's edge unit, then the sum."""
+    if reason := by_ops(unit.edge):
+        return [*_by_ops(unit.edge, sizes, names, reason), _op_step(unit.reduce, sizes, names)]
     edge = _unit_step(unit.edge, sizes)
     edge.label += f"\n    the operand of a sum by edge type, written per edge: {why} (passes/type_sums.py)"
     edge.source = _kernel_source(unit.edge, sizes) if source else None
     return [edge, _op_step(unit.reduce, sizes, names)]
 
 
-def _shared_reduce_on_cpu(unit: SharedReduceUnit, sizes: _Sizes, names: dict[int, str], source: bool) -> list[Step]:
+def _shared_reduce_on_cpu(unit: SharedReduceUnit, sizes: _Sizes, names: dict[int, str], source: bool,
+                          by_ops: Callable[[Any], str | None]) -> list[Step]:
     """A sum over every edge as the CPU backend runs it (backend/cpu/executor.py
-    `_per_edge_part`; it has no shared-reduce kernel): an edge kernel writes the per-edge
-    operand, [E, H x D] for GATv2's attention vector, and a torch op sums it. Listed so,
-    the report's per-edge tensors are the ones that run allocates, not the Triton plan's."""
-    per_edge = summed_operand(unit.root)
-    edge_unit = EdgeUnit(per_edge, [v for v in unit.body if v is not per_edge], unit.leaves)
+    `per_edge_part`; it has no shared-reduce kernel): an edge kernel -- or its torch ops,
+    where the backend runs it so -- writes the per-edge operand, [E, H x D] for GATv2's
+    attention vector, and a torch op sums it. Listed so, the report's per-edge tensors
+    are the ones that run allocates, not the Triton plan's."""
+    from ..backend.cpu.executor import per_edge_part
+    edge_unit = per_edge_part(unit)
+    if why := by_ops(edge_unit):
+        return [*_by_ops(edge_unit, sizes, names, why), _op_step(unit.root, sizes, names)]
     edge = _unit_step(edge_unit, sizes)
     edge.label += ("\n    the operand of a sum over every edge, written per edge: the cpu backend has no kernel "
                    "that sums it")

@@ -33,7 +33,7 @@ from typing import Callable, Iterable, Mapping, NamedTuple
 
 import torch
 
-from ...ir import Program, get_op
+from ...ir import Program, Value, get_op
 from ...passes.fusion import AggregateUnit, EdgeUnit, SharedReduceUnit, Unit, partition, summed_operand
 from .. import tuned_schedule
 from ..forced_schedule import forced_schedule
@@ -83,8 +83,8 @@ def _warn_once(reason: str, message: str) -> None:
 
 
 def _kernel_for(unit: Unit, acc: str, parallel: bool, partitioned: bool = False, register_row: bool = False):
-    """(kernel, leaf values in argument order), or None where the unit cannot be
-    generated; decided once per unit, accumulator type, parallelism, partitioning and
+    """(kernel, leaf values in argument order), or where the unit cannot be generated the
+    warning saying why (`_plan` gives it); decided once per unit, accumulator type, parallelism, partitioning and
     kernel kind (plans are cached per program, so steady-state training never
     regenerates source)."""
     per_unit = _UNIT_KERNELS.setdefault(unit, {})
@@ -100,8 +100,7 @@ def _kernel_for(unit: Unit, acc: str, parallel: bool, partitioned: bool = False,
                 _FIRST_CALLS.add(id(kernel))
             per_unit[key] = (kernel, leaf_args)
         except UnsupportedUnit as exc:
-            _warn_once(f"unit:{exc}", f"gnnfuse cpu backend: {exc}; that unit runs as torch ops")
-            per_unit[key] = None
+            per_unit[key] = f"gnnfuse cpu backend: {exc}; that unit runs as torch ops"
     return per_unit[key]
 
 
@@ -140,7 +139,7 @@ def _flat(tensor: torch.Tensor):
     return tensor.numpy(force=True).ravel()
 
 
-def _per_edge_part(unit: SharedReduceUnit) -> EdgeUnit:
+def per_edge_part(unit: SharedReduceUnit) -> EdgeUnit:
     """The edge unit computing the per-edge operand a shared-reduce unit sums, for the
     CPU, which has no shared-reduce kernel: it runs the plan it ran before that unit
     kind existed (an edge kernel, then the torch op), so neither slower nor different.
@@ -168,6 +167,7 @@ class _Launch(NamedTuple):
     threads: int
     chunk: int | None
     constants: tuple = ()   # the arrays of the unit's constants, taken after the leaves (`constant_args`)
+    why: str = ""           # without a kernel: the warning saying why (`by_ops_reason`)
 
 
 def _read_environment() -> tuple:
@@ -196,7 +196,7 @@ def run_unit(unit: Unit, ctx: GraphContext, leaves: dict[int, torch.Tensor]) -> 
     schedule, threads and kernel and converting the graph's index arrays cost more than
     the kernel itself (tests/test_host_path.py bounds the Python calls left)."""
     if isinstance(unit, SharedReduceUnit):
-        root, part = unit.root, _per_edge_part(unit)
+        root, part = unit.root, per_edge_part(unit)
         env = {**leaves, part.root.id: run_unit(part, ctx, leaves)}
         return get_op(root.op).run(ctx, [env[i.id] for i in root.inputs], [i.residency for i in root.inputs],
                                    root.attrs)
@@ -231,22 +231,19 @@ def _plan(unit: Unit, ctx: GraphContext, leaves: dict[int, torch.Tensor]) -> _La
     ``leaves``, under the settings in force now (see `_Launch`)."""
     root = unit.root
     metas = [(t.dtype, t.is_cpu) for t in leaves.values()]
-    fallback = _Launch(None, (), (), (), (), root.dtype, 1, None)
     if not all(on_cpu for _, on_cpu in metas) or ctx.device.type != "cpu":
-        _warn_once("device", "gnnfuse cpu backend: tensors are not on the CPU; fused units run as torch ops "
-                             "(use the triton backend for GPU tensors)")
-        return fallback
+        return _fallback(root, "device", "gnnfuse cpu backend: tensors are not on the CPU; fused units run as torch "
+                                         "ops (use the triton backend for GPU tensors)")
     # named by the dtype without kernels: an int16 leaf beside a float32 result was
     # reported as "no kernels for torch.float32 data"
     missing = sorted({dtype for dtype, _ in metas if dtype not in _READABLE} | ({root.dtype} - set(_WRITABLE)), key=str)
     if missing:
         names = " and ".join(map(str, missing))
-        _warn_once(f"dtype:{names}", f"gnnfuse cpu backend: no kernels for {names} data; fused units run as torch ops")
-        return fallback
+        return _fallback(root, f"dtype:{names}",
+                         f"gnnfuse cpu backend: no kernels for {names} data; fused units run as torch ops")
     floats = mixed_floats(unit, leaves)
     if floats:
-        _warn_once(f"mixed:{floats}", mixed_floats_message("cpu", floats))
-        return fallback
+        return _fallback(root, f"mixed:{floats}", mixed_floats_message("cpu", floats))
     acc = _KERNEL_DTYPES.get(root.dtype, "float32")     # float16/bfloat16 results are computed in float32
     width = math.prod(root.shape)
     work = ctx.num_edges * width
@@ -262,8 +259,8 @@ def _plan(unit: Unit, ctx: GraphContext, leaves: dict[int, torch.Tensor]) -> _La
     parallel = schedule.parallel(work, threads, root.shape)
     register_row = isinstance(unit, AggregateUnit) and schedule.register_row(width, tile, ranges is not None)
     compiled = _kernel_for(unit, acc, parallel, ranges is not None, register_row)
-    if compiled is None:
-        return fallback
+    if isinstance(compiled, str):
+        return _fallback(root, f"unit:{compiled}", compiled)
     kernel, leaf_args = compiled
     # the rows a walk gathers come from tables of about this many bytes (the other side's
     # vertices, as wide as the output)
@@ -287,6 +284,24 @@ def _plan(unit: Unit, ctx: GraphContext, leaves: dict[int, torch.Tensor]) -> _La
         _compile_vectorized(kernel, (*head, example_out, *tail, *[_flat(leaves[v.id]) for v in leaf_args], *constants))
     return _Launch(kernel, tuple(v.id for v in leaf_args), head, tail, (rows,) + root.shape, root.dtype,
                    threads if parallel else 0, choice.chunk, constants)
+
+
+def _fallback(root: Value, reason: str, message: str) -> _Launch:
+    """The launch of a unit that runs as torch ops, for the reason ``message`` gives (once
+    per ``reason``)."""
+    _warn_once(reason, message)
+    return _Launch(None, (), (), (), (), root.dtype, 1, None, why=message)
+
+
+def by_ops_reason(unit: Unit, ctx: GraphContext, leaves: dict[int, torch.Tensor]) -> str | None:
+    """Why `run_unit` runs ``unit`` as torch ops on ``ctx``'s graph for leaves of the dtypes
+    and devices of ``leaves`` (the warning it gave), or None where a kernel runs it: the
+    launch `run_unit` plans, the one it keeps where it ran. `gnnfuse.explain` lists such
+    a unit as the ops it runs, and their per-edge writes."""
+    if numba is None:
+        return "GNNFUSE_BACKEND=cpu needs numba; the program runs on the torch reference executor"
+    launch = _LAUNCHES.get(unit, ctx.graph, _settings(leaves.values()), lambda: _plan(unit, ctx, leaves))
+    return launch.why if launch.kernel is None else None
 
 
 def _partitioned(rowptr: torch.Tensor, parts: Partitions) -> tuple:
