@@ -2,6 +2,8 @@
 follow the documented model on the graph's real N and E, DOT text, rendering, CLI."""
 from __future__ import annotations
 
+import importlib
+import re
 import warnings
 
 import pytest
@@ -100,7 +102,6 @@ def test_dot_draws_every_fused_unit_with_the_values_it_recomputes():
     draws a node declared in several clusters in one of them, so two of the units were
     drawn without the values they compute. Each unit now has its own copy, fed by its
     own edges."""
-    import re
     report = gnnfuse.explain(GATConv(6, 2, heads=2).double(), torch.randn(5, 6, dtype=torch.float64), _graph())
     dot = report.to_dot()
     declared = re.findall(r"^\s*(\w+) \[label", dot, re.M)
@@ -118,6 +119,33 @@ def test_dot_draws_every_fused_unit_with_the_values_it_recomputes():
         # a recomputed value's copy is fed inside its unit: every edge into it starts in the unit or outside all
         for name in drawn:
             assert all(src in drawn or "_u" not in src for src, dst in edges if dst == name)
+
+
+def test_matplotlib_drawing_shows_every_fused_unit_with_the_values_it_recomputes(tmp_path, monkeypatch):
+    """Without Graphviz, render() draws with networkx and matplotlib, one colour per fused
+    unit. It drew each value once, coloured by the last unit holding it: GAT's first two
+    forward units were drawn without the scores they recompute. Each unit now has its own
+    coloured node of such a value, fed by its own edges, as in to_dot (`_unit_nodes`)."""
+    networkx = pytest.importorskip("networkx")
+    pytest.importorskip("matplotlib")
+    explain_module = importlib.import_module("gnnfuse.runtime.explain")    # the package names the function so
+    monkeypatch.setattr(explain_module, "graphviz_renders", lambda: False)
+    drawn = {}
+    monkeypatch.setattr(networkx, "draw_networkx", lambda graph, pos, **kw: drawn.update(graph=graph, **kw))
+    report = gnnfuse.explain(GATConv(6, 2, heads=2).double(), torch.randn(5, 6, dtype=torch.float64), _graph())
+    report.render(tmp_path / "gat.png")
+    graph, colors = drawn["graph"], dict(zip(drawn["nodelist"], drawn["node_color"]))
+    dot = report.to_dot()
+    assert all(f"{node} [label" in dot for node in graph.nodes if not node.endswith("_title"))
+    assert set(graph.edges) == {tuple(edge.split(" -> ")) for edge in re.findall(r"^\s*(\w+ -> \w+);", dot, re.M)}
+    units = [s for s in report.programs[0].forward.steps if s.fused]
+    recomputed = {v.id for v in units[0].body} & {v.id for v in units[1].body}
+    assert recomputed
+    for k, unit in enumerate(units):
+        colour = colors[f"p1f_{unit.writes[0].id}"]     # the forward's unit k: its nodes, and no others
+        mine = [node for node in graph.nodes if node.startswith("p1f_") and colors[node] == colour]
+        assert len(mine) == len(unit.body) + len(unit.writes)
+        assert all(any(node.endswith(f"_u{k}_{i}") for node in mine) for i in recomputed & {v.id for v in unit.body})
 
 
 @pytest.mark.parametrize("backend", ["cpu", "reference"])

@@ -560,11 +560,7 @@ class ExplainReport:
             names = _names(plan.program)
             lines.append(f'  subgraph cluster_{prefix} {{\n    label="{title}";')
             steps = [s for s in plan.steps if s.fused]
-            units = [{v.id for v in s.body + s.writes} for s in steps]
-            shared = {i for i, n in Counter(i for unit in units for i in unit).items() if n > 1}
-            # a value recomputed in several units gets a node in each: one node declared in
-            # several clusters is drawn in one, the other units shown without it
-            copies = {(k, v.id) for k, s in enumerate(steps) for v in s.body if v.id in shared}
+            units, copies = _unit_nodes(steps)
             for k, step in enumerate(steps):
                 lines.append(f'    subgraph cluster_{prefix}_u{k} {{\n      label="{_escape(step.label)}";\n'
                              '      style=filled; fillcolor="#dbe9f6"; color="#4a7fb5";')
@@ -614,6 +610,17 @@ def _node_label(v: Value, names: dict[int, str]) -> str:
     return f"{names[v.id]} = {v.op}\n{v.residency.name}{list(v.shape)}"
 
 
+def _unit_nodes(steps: list[Step]) -> tuple[list[set[int]], set[tuple[int, int]]]:
+    """The value ids each fused step of ``steps`` holds (its body and writes), and the
+    (unit, value id) pairs that get a node of their own (`_dot_name`): a value recomputed
+    in several units gets one in each. Drawn once, a value is shown in one unit only --
+    Graphviz draws a node declared in several clusters in one of them, and the matplotlib
+    drawing coloured it by the last unit -- and the others looked as if they read it."""
+    units = [{v.id for v in s.body + s.writes} for s in steps]
+    shared = {i for i, n in Counter(i for unit in units for i in unit).items() if n > 1}
+    return units, {(k, v.id) for k, s in enumerate(steps) for v in s.body if v.id in shared}
+
+
 def _dot_name(prefix: str, v: Value, unit: int | None, copies: set[tuple[int, int]]) -> str:
     """The DOT node of ``v`` as fused unit ``unit`` (None: outside every unit) sees it:
     the unit's own copy where it recomputes ``v`` (``copies``), else ``v``'s one node."""
@@ -627,28 +634,30 @@ def _dot_node(node: str, v: Value, names: dict[int, str]) -> str:
 
 def _draw(sections: list[tuple[str, str, Plan]], path: Path, nx: Any) -> None:
     """Layered drawing without Graphviz: x = topological generation, one band of rows per
-    program and phase, fused units coloured (one colour per unit)."""
+    program and phase, fused units coloured (one colour per unit); a value recomputed in
+    several units has a node in each, as in `ExplainReport.to_dot` (`_unit_nodes`)."""
     from matplotlib.figure import Figure
     graph, pos, colors, labels = nx.DiGraph(), {}, {}, {}
     palette = ["#9ecae1", "#a1d99b", "#fdae6b", "#bcbddc", "#fc9272", "#c7e9c0", "#fdd0a2"]
     y0 = 0.0
     for prefix, title, plan in sections:
         names = _names(plan.program)
-        unit_of = {v.id: k for k, s in enumerate(x for x in plan.steps if x.fused) for v in s.body + s.writes}
+        units, copies = _unit_nodes([s for s in plan.steps if s.fused])
         depth: dict[int, int] = {}
         for v in plan.program.values:
             depth[v.id] = 1 + max((depth[i.id] for i in v.inputs), default=-1)
         per_level: dict[int, int] = {}
         for v in plan.program.values:
-            node = f"{prefix}_{v.id}"
-            graph.add_node(node)
-            row = per_level.get(depth[v.id], 0)
-            per_level[depth[v.id]] = row + 1
-            pos[node] = (depth[v.id], -(y0 + row))
-            labels[node] = _node_label(v, names)
-            colors[node] = ("#eeeeee" if v.op == "input" else
-                            palette[unit_of[v.id] % len(palette)] if v.id in unit_of else "#ffffff")
-            graph.add_edges_from((f"{prefix}_{i.id}", node) for i in v.inputs)
+            for k in [k for k, unit in enumerate(units) if v.id in unit] or [None]:
+                node = _dot_name(prefix, v, k, copies)
+                graph.add_node(node)
+                graph.add_edges_from((_dot_name(prefix, i, k, copies), node) for i in v.inputs)
+                row = per_level.get(depth[v.id], 0)
+                per_level[depth[v.id]] = row + 1
+                pos[node] = (depth[v.id], -(y0 + row))
+                labels[node] = _node_label(v, names)
+                colors[node] = ("#eeeeee" if v.op == "input" else
+                                palette[k % len(palette)] if k is not None else "#ffffff")
         labels[f"{prefix}_title"] = title
         graph.add_node(f"{prefix}_title")
         pos[f"{prefix}_title"] = (-1, -y0)
