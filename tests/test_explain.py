@@ -15,6 +15,7 @@ import gnnfuse
 from gnnfuse import frontend
 from gnnfuse.cli import main
 from gnnfuse.nn import GATConv
+from oracle_check import device_for
 
 
 @pytest.fixture(autouse=True)
@@ -379,6 +380,32 @@ def test_an_online_softmax_group_is_one_kernel_where_the_executor_runs_one(monke
     units = [s for s in program.forward.steps if s.fused]
     assert len(units) == 3
     assert all("shares one kernel with the 2 other unit(s)" in s.label for s in units), units[1].label
+
+
+def test_sibling_kernels_turned_off_are_reported_as_units_on_their_own(monkeypatch):
+    """With ``GNNFUSE_SIBLING_KERNELS=0`` the Triton backend runs a sibling group's members
+    one by one (`_plan_siblings` gives no launch). explain's copy of the executor's rule
+    left the switch out: GAT's softmax group was reported as one kernel, its sums taking
+    the maximum online and reading no stored maximum. It now asks the executor
+    (`members_run_as_one`), and members run apart read the maximum stored before them."""
+    from gnnfuse.backend.triton import executor as triton_executor
+    monkeypatch.delenv("GNNFUSE_SCHEDULE")
+    monkeypatch.setenv("GNNFUSE_BACKEND", "triton")
+    monkeypatch.setenv("GNNFUSE_SIBLING_KERNELS", "0")
+    device = device_for("triton")
+    planned, real = [], triton_executor._plan_siblings
+    monkeypatch.setattr(triton_executor, "_plan_siblings", lambda *a: planned.append(real(*a)) or planned[-1])
+    torch.manual_seed(0)
+    with torch.device(device):
+        graph = gnnfuse.Graph.from_edge_index(torch.randint(0, 30, (2, 120)), 30)
+        report = gnnfuse.explain(GATConv(8, 4, heads=2), torch.randn(30, 8), graph)
+    [program] = report.programs
+    units = [s for s in program.forward.steps if s.fused]
+    assert planned and all(p is None for p in planned)      # the executor ran them apart
+    assert len(units) == 3 and all("runs on its own here" in s.label for s in units), units[1].label
+    # apart, the sums read the maximum the first unit stored, rather than take it online
+    assert not any("online" in s.label for s in units)
+    assert any(v.op == "reduce" and v.attrs["op"] == "max" for s in units[1:] for v, _ in s.reads)
 
 
 def test_one_program_on_two_graphs_of_one_size_is_reported_per_graph():

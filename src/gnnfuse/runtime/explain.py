@@ -318,16 +318,15 @@ def _op_step(v: Value, sizes: _Sizes, names: dict[int, str]) -> Step:
 
 def _one_kernel(group: Any, sizes: _Sizes) -> bool:
     """Whether the Triton backend runs sibling ``group`` as one kernel on this graph: the
-    executor's own rule for its members (`members_walk_together`; its other conditions,
-    the tensors' dtypes and ``GNNFUSE_SIBLING_KERNELS``, are the call's). False without
-    Triton, as `_schedule` names no schedule then."""
+    executor's own rule (`members_run_as_one`; the leaves' tensors have their values'
+    dtypes). False without Triton, as `_schedule` names no schedule then."""
     try:
-        from ..backend.triton.executor import members_walk_together
+        from ..backend.triton.executor import members_run_as_one
     except ImportError:
         return False
-    if any(mixed_floats(m, {}) for m in (*group.members, *group.riders)):
-        return False      # its members run apart (`_plan_siblings`)
-    return members_walk_together(group, sizes.graph, sizes.group_rows(group), sizes.num_edges)
+    leaves = {v.id: torch.empty(0, dtype=v.dtype) for m in (*group.members, *group.riders)
+              for v in m.leaves if v.op != "const"}
+    return members_run_as_one(group, sizes.graph, sizes.group_rows(group), sizes.num_edges, leaves)
 
 
 def _kernel_source(unit: Any, sizes: _Sizes) -> str:
@@ -372,15 +371,15 @@ def _plan(phase: str, program: Program, keep: list[int], sizes: _Sizes, source: 
                 steps.extend(_by_ops(unit, sizes, names, why))
                 continue
             online = [item.shifts[n], *([item.normalizers[n]] if n in item.normalizers else [])] \
-                if n in getattr(item, "shifts", {}) else []
+                if one_kernel and n in getattr(item, "shifts", {}) else []   # apart, each reads the max stored
             step = _unit_step(unit, sizes, frozenset(item.members[k].root.id for k in online))
             if unit is not item and one_kernel:
                 step.label += (f"\n    shares one kernel with the {len(item.roots) - 1} other unit(s) walking the "
                                f"{item.by} CSR beside it (passes/siblings.py)")
             elif unit is not item:
                 step.label += (f"\n    grouped with the {len(item.roots) - 1} other unit(s) walking the {item.by} CSR "
-                               "beside it, but runs on its own here: a member is off the CSR schedule on this graph "
-                               "(passes/siblings.py)")
+                               "beside it, but runs on its own here: a member off the CSR schedule on this graph, a "
+                               "mix of float64 with another float, or GNNFUSE_SIBLING_KERNELS=0 (passes/siblings.py)")
             if online:
                 step.label += ("\n    takes its softmax shift, the max beside it, online: a running maximum and "
                                "rescaled sums, reading no stored maximum"
@@ -390,11 +389,13 @@ def _plan(phase: str, program: Program, keep: list[int], sizes: _Sizes, source: 
             if source and unit is not item and one_kernel:
                 step.source = _kernel_source(item, sizes) if unit is item.members[0] else "(the kernel above)"
             steps.append(step)
-        for rider in getattr(item, "riders", []):
-            if not (one_kernel and rider_fits(rider, sizes.rows(Residency.EDGE_TYPE))):
+        riders = getattr(item, "riders", [])
+        ride = one_kernel and all(rider_fits(r, sizes.rows(Residency.EDGE_TYPE)) for r in riders)   # all or none
+        for rider in riders:
+            if not ride:
                 steps.extend(_type_sum_alone(rider, sizes, names, source, by_ops, f"the {item.by} walk above cannot "
                                              "carry it here (a member off the CSR schedule, a mix of float64 with "
-                                             "another float, or too many edge types)"))
+                                             "another float, too many edge types, or GNNFUSE_SIBLING_KERNELS=0)"))
                 continue
             step = _unit_step(rider, sizes, walk=item.by)
             step.label += (f"\n    rides the {item.by} CSR walk of the {len(item.members)} unit(s) above: each program "

@@ -581,15 +581,11 @@ def _plan_siblings(group: SiblingGroup, ctx: GraphContext, leaves: dict[int, tor
     where the group's values mix float64 with another float (`mixed_floats`): one kernel
     computes in one accumulator dtype, float64 if any value is, so a float32 member
     beside a float64 one was computed unrounded; apart, each runs in its own."""
-    if not _ENVIRONMENT.current()[3]:
-        return None
-    if any(mixed_floats(m, leaves) for m in (*group.members, *group.riders)):
+    rows = ctx.num_rows(group.by)
+    if not members_run_as_one(group, ctx.graph, rows, ctx.num_edges, leaves):
         return None
     if group.riders and not all(rider_fits(r, ctx.num_rows(TYPE_INDEX)) for r in group.riders):
         return _WITHOUT_RIDERS
-    rows = ctx.num_rows(group.by)
-    if not members_walk_together(group, ctx.graph, rows, ctx.num_edges):
-        return None
     wide = any(computes_float64(m, leaves) for m in (*group.members, *group.riders))
     acc = "tl.float64" if wide else "tl.float32"
     kernel, layouts, _, reads_edges, reads_types = _kernel_for(group, acc, "siblings")
@@ -628,6 +624,18 @@ def _plan_siblings(group: SiblingGroup, ctx: GraphContext, leaves: dict[int, tor
                           (*constants, *edge_types), ctx.device, zero_rows,
                           lambda meta: (triton.cdiv(count, meta["ROWS"]),), sizes, fixed,
                           signature(sizes, fixed, dtypes), [None, 0], constants)
+
+
+def members_run_as_one(group: SiblingGroup, graph: Any, rows: int, num_edges: int,
+                       leaves: dict[int, torch.Tensor]) -> bool:
+    """Whether `_plan_siblings` runs ``group``'s members as one kernel for leaves of the
+    dtypes of ``leaves`` (its riders ride it where they all fit, `rider_fits`): groups
+    on (``GNNFUSE_SIBLING_KERNELS``), no value mixing float64 with another float, and
+    the members walking together (`members_walk_together`). `gnnfuse.explain` reports
+    by it: with its own copy of the rule, which left out the switch, a group turned off
+    was reported as one kernel and its riders' per-edge operands went unreported."""
+    return (_ENVIRONMENT.current()[3] and not any(mixed_floats(m, leaves) for m in (*group.members, *group.riders))
+            and members_walk_together(group, graph, rows, num_edges))
 
 
 def members_walk_together(group: SiblingGroup, graph: Any, rows: int, num_edges: int) -> bool:
