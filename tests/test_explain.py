@@ -184,11 +184,40 @@ class _EdgeRowsWritten(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         if not any(view in str(func) for view in ("view", "reshape", "transpose", "narrow", "expand", "alias",
-                                                  "detach")):
+                                                  "detach", "set_")):   # set_: Triton's interpreter, no copy
             self.bytes[self.phase] += sum(t.numel() * t.element_size() for t in tree_flatten(out)[0]
                                           if isinstance(t, torch.Tensor) and t.is_floating_point() and t.dim()
                                           and t.shape[0] == self.rows)
         return out
+
+
+def test_a_sum_by_edge_type_whose_operand_mixes_floats_lists_the_torch_ops_it_runs(monkeypatch):
+    """A per-type parameter's gradient is a sum by edge type (passes/type_sums.py); riding
+    no walk, it runs as its operand's edge unit and a torch sum, and that edge unit, mixing
+    float64 gradients with float32 rows, runs as torch ops on the Triton backend
+    (`unit_ops.mixed_floats`). explain listed it as one unit: 3,600 B reported per edge in
+    the backward, 5,760 B written (counted under Triton's interpreter)."""
+    monkeypatch.setenv("GNNFUSE_BACKEND", "triton")
+    monkeypatch.setenv("GNNFUSE_SCHEDULE", "rows")
+    device = device_for("triton")
+    gen = torch.Generator().manual_seed(0)
+    src, dst, types = (torch.randint(0, n, (90,), generator=gen) for n in (20, 20, 3))
+    graph = gnnfuse.Graph(src, dst, 20, edge_type=types, num_edge_types=3).to(device)
+    h = torch.randn(20, 2, generator=gen).to(device).requires_grad_()
+    p = torch.randn(3, 2, dtype=torch.float64, generator=gen).to(device).requires_grad_()
+    layer = gnnfuse.vertex(lambda v: sum([e.src.h * e.type.p for e in v.inedges]))
+    written = _EdgeRowsWritten(graph.num_edges)
+    with warnings.catch_warnings():     # the backend's, once per process
+        warnings.simplefilter("ignore", RuntimeWarning)
+        report = gnnfuse.explain(lambda: layer(graph, {"h": h}, None, etype_feature={"p": p}))
+        with written:
+            out = layer(graph, {"h": h}, None, etype_feature={"p": p})
+            written.phase = "backward"
+            out.sum().backward()
+    [program] = report.programs
+    assert (program.forward.edge_tensor_bytes, program.backward.edge_tensor_bytes) == \
+        (written.bytes["forward"], written.bytes["backward"])
+    assert program.backward.steps[-1].item.attrs["by"] == "etype" and not program.backward.steps[-2].fused
 
 
 def test_the_cpu_backends_units_without_kernels_are_listed_as_the_torch_ops_they_run(monkeypatch):
