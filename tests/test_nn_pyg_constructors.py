@@ -540,6 +540,18 @@ def test_return_attention_weights_for_an_edge_index_gives_an_edge_index_as_pyg(n
 
 
 @pytest.mark.parametrize("name", ["GATConv", "GATv2Conv"])
+def test_returned_attention_weights_of_scores_past_exp_s_range_match_pyg(name):
+    """Scores in the thousands, whose exp overflows float64: the returned weights are
+    PyG's softmax (shifted by each vertex's largest score), finite, not inf / inf."""
+    torch.manual_seed(13)
+    ours, ref = copied(getattr(gnn, name)(F_IN, 4, heads=2), getattr(pyg, name)(F_IN, 4, heads=2))
+    x = 1e5 * torch.randn(N, F_IN, dtype=torch.float64)
+    (_, (_, alpha)), (_, (_, expected)) = (layer(x, EDGE_INDEX, return_attention_weights=True) for layer in (ours, ref))
+    assert bool(expected.isfinite().all())
+    torch.testing.assert_close(alpha, expected, rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("name", ["GATConv", "GATv2Conv"])
 def test_return_attention_weights_for_a_sparse_adjacency_matches_pyg(name):
     """Given a torch sparse ``adj_t``, PyG returns the adjacency (loops added) in its layout
     with the weights as [N, N, heads] values; before, this was refused."""
