@@ -21,6 +21,36 @@ EDGES = torch.tensor([[0, 0, 2, 3, 1, 4, 5, 2, 0, 3], [1, 1, 2, 2, 3, 3, 4, 5, 5
 NUM_NODES = 7
 
 
+@pytest.mark.parametrize("model, layers", [("sage", 3), ("gat", 1), ("gat", 2)])
+def test_block_model_is_its_paper_s_network_of_pyg_layers(model, layers):
+    """`build_block_model`'s network, in eval mode (its dropout 0.5 then off) with PyG's
+    layers' weights, on the whole graph and on blocks of whole neighbourhoods: GraphSAGE's
+    mean SAGEConvs with ReLU between them, GAT's 8 concatenated heads per hidden layer with
+    ELU and one averaged output head; no activation after the last layer."""
+    pyg_nn = pytest.importorskip("torch_geometric.nn")
+    torch.manual_seed(0)
+    ours = build_block_model(model, 3, 2, 4, 0.5, layers).double().eval()
+    if model == "sage":
+        widths = [3, 4, 4, 2]
+        convs = [pyg_nn.SAGEConv(a, b, aggr="mean") for a, b in zip(widths, widths[1:])]
+    else:
+        convs = [pyg_nn.GATConv(3 if i == 0 else 32, 4, heads=8) for i in range(layers - 1)]
+        convs.append(pyg_nn.GATConv(3 if layers == 1 else 32, 2, heads=1, concat=False))
+    theirs = torch.nn.ModuleList(convs).double()
+    theirs.load_state_dict(ours.convs.state_dict())
+    activation = torch.relu if model == "sage" else torch.nn.functional.elu
+    x = torch.randn(NUM_NODES, 3, dtype=torch.float64)
+    expected = x
+    for i, conv in enumerate(theirs):
+        expected = conv(expected, EDGES)
+        expected = activation(expected) if i < layers - 1 else expected
+    graph = gnnfuse.Graph.from_edge_index(EDGES, NUM_NODES)
+    torch.testing.assert_close(ours(x, graph), expected, rtol=1e-9, atol=1e-12)
+    seeds = torch.tensor([3, 5, 6])
+    (batch,) = list(NeighborLoader(graph, [-1] * layers, batch_size=3, input_nodes=seeds, x=x, prefetch=0))
+    torch.testing.assert_close(ours(x[batch.n_id], batch.blocks), expected[seeds], rtol=1e-9, atol=1e-12)
+
+
 @pytest.mark.parametrize("model", ["sage", "gat"])
 def test_blocks_with_whole_neighbourhoods_equal_the_full_graph(model, backend, device):
     torch.manual_seed(0)
