@@ -220,6 +220,21 @@ def test_layerwise_inference_takes_a_gnnfuse_loader(name):
         model.train().inference(NeighborLoader(data, num_neighbors=[-1], batch_size=3))
 
 
+def test_layerwise_inference_refuses_what_would_give_other_rows():
+    """Refused by name, as each would silently give wrong rows: a jk mode that combines
+    layers (PyG's method asserts jk None or 'last'; layer by layer the combination is never
+    made), seeds that are not every vertex in id order (rows stacked by position), and
+    drop_last with a short last batch (its vertices' rows missing)."""
+    data = Data(x=torch.randn(NUM_NODES, F, dtype=torch.float64), edge_index=EDGES, num_nodes=NUM_NODES)
+    model = gnnfuse.nn.GraphSAGE(F, HIDDEN, 2).double().eval()
+    with pytest.raises(ValueError, match="jk='cat' needs jk=None or 'last'"):
+        gnnfuse.nn.GraphSAGE(F, HIDDEN, 2, jk="cat").eval().inference(NeighborLoader(data, num_neighbors=[-1]))
+    with pytest.raises(ValueError, match="every vertex in id order"):
+        model.inference(NeighborLoader(data, num_neighbors=[-1], batch_size=3, input_nodes=torch.arange(4)))
+    with pytest.raises(ValueError, match="drop_last=True, which drops the last 1 vertices"):
+        model.inference(NeighborLoader(data, num_neighbors=[-1], batch_size=3, drop_last=True))
+
+
 def test_layerwise_inference_names_a_loader_it_cannot_take():
     """Neither PyG's nor gnnfuse's NeighborLoader: a TypeError naming the loader, where
     PyG's method gave a bare AssertionError."""
