@@ -51,6 +51,7 @@ FUSED = [
     ("mean-and-learnt-softmax", lambda: ["mean", "softmax"], {"aggrs_kwargs": [{}, {"learn": True, "t": 0.5}]}),
     ("softmax-per-channel", lambda: pyg.SoftmaxAggregation(learn=True, channels=F_IN), None),
     ("softmax-fixed-t", lambda: pyg.SoftmaxAggregation(t=2.0), None),
+    ("softmax-fixed-t-below-one", lambda: pyg.SoftmaxAggregation(t=0.5), None),
     ("var-by-name-full-gradient", lambda: "var", {"semi_grad": False}),
     # in a list PyG runs var and std together (FusedAggregation): one var's semi_grad gives
     # every var and std of the list the squares' sum without gradient; a std's own is not read
