@@ -61,6 +61,7 @@ FUSED = [
     ("semi-grad-var-alone-in-a-list", lambda: ["var"], {"aggrs_kwargs": [{"semi_grad": True}]}),
     ("pyg-multi-module-semi-grad", lambda: pyg.MultiAggregation(["max", "var", "std"], [{}, {"semi_grad": True}, {}]),
      None),
+    ("pyg-multi-module-var-full-gradient", lambda: pyg.MultiAggregation(["mean", "var"]), None),
     ("pyg-multi-module", lambda: pyg.MultiAggregation(["sum", "min", "std"], mode="proj",
                                                       mode_kwargs={"in_channels": F_IN, "out_channels": 2}), None),
 ]
