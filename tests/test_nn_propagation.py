@@ -425,6 +425,24 @@ def test_sgconv_with_no_hops_caches_nothing_as_pyg():
         torch.testing.assert_close(ours(x, edge_index), theirs(x, edge_index))
 
 
+def test_sgconv_cached_propagation_takes_no_gradient_on_later_calls_as_pyg():
+    """PyG reads the kept ``A^K X`` detached on every call after the first: x, learnt, gets
+    its gradient from the first call only, and later calls' backwards run (through the
+    first call's graph, already freed, they would fail)."""
+    torch.manual_seed(0)
+    ours, theirs = gnn.SGConv(4, 3, K=2, cached=True).double(), pyg.SGConv(4, 3, K=2, cached=True).double()
+    theirs.load_state_dict(ours.state_dict())
+    edge_index = torch.tensor([[0, 1, 2, 3], [1, 2, 0, 1]])
+    grads = []
+    for layer in (ours, theirs):
+        x = torch.randn(4, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(1), requires_grad=True)
+        for _ in range(3):
+            layer(x, edge_index).sum().backward()
+        grads.append((x.grad, layer.lin.weight.grad))
+    for got, expected in zip(*grads):
+        torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
+
+
 @pytest.mark.parametrize("make", [lambda: gnn.SAGEConv(3, 2), lambda: gnn.GraphConv(3, 2),
                                   lambda: gnn.GATConv(3, 2), lambda: gnn.GINConv(torch.nn.Linear(3, 2)),
                                   lambda: gnn.APPNP(2, 0.1), lambda: gnn.EdgeConv(torch.nn.Linear(6, 2)),
