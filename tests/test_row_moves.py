@@ -38,11 +38,15 @@ def test_the_gather_kernel_equals_index_select(dtype, shape, monkeypatch):
     assert names == ["_gather_rows"]
 
 
-def test_a_strided_table_is_gathered_by_its_rows(monkeypatch):
-    launched(monkeypatch)
-    table = torch.randn(7, 8, device=DEVICE)[:, ::2]          # rows 8 apart, 4 wide, not contiguous
+@pytest.mark.parametrize("columns", [slice(None, None, 2), slice(0, 5)])
+def test_a_strided_table_is_gathered_by_its_rows(columns, monkeypatch):
+    """Every other column (copied to packed rows first), and the first 5 of 8 columns:
+    packed rows 8 apart, which the kernel reads in place by the table's row stride."""
+    names = launched(monkeypatch)
+    table = torch.randn(7, 8, device=DEVICE)[:, columns]
     index = torch.tensor([6, 0, 0, 3], device=DEVICE)
     assert torch.equal(gather_module.gather_rows(table, index), table.index_select(0, index))
+    assert names == ["_gather_rows"]
 
 
 def test_integer_tables_and_empty_indices_keep_index_select(monkeypatch):
