@@ -134,6 +134,18 @@ def test_the_few_rows_kernel_equals_index_add(dtype, rows, shape):
         few.launch = restore
 
 
+def test_the_few_rows_kernel_reads_rows_a_stride_apart():
+    """The first 3 of 5 columns: packed rows 5 apart, read in place by the table's row
+    stride (a width-strided read mixes the rows' columns up)."""
+    from gnnfuse.backend.triton import few_rows_sum as few
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(700, 5, generator=g, dtype=torch.float64)[:, :3]
+    index = torch.randint(0, 4, (700,), generator=g)
+    got = few.few_rows_sum(x.to(DEVICE), index.to(DEVICE), 4)
+    torch.testing.assert_close(got.cpu(), torch.zeros(4, 3, dtype=torch.float64).index_add_(0, index, x),
+                               rtol=0, atol=1e-12)
+
+
 def test_the_few_rows_kernel_leaves_wide_tables_to_the_slotted_sum(monkeypatch):
     from gnnfuse.backend.triton import few_rows_sum as few
     calls = []
