@@ -64,12 +64,14 @@ def test_kernel_half_accumulates_in_float32():
     torch.testing.assert_close(got.float(), (x.float() * x.float()).sum(-1, keepdim=True), rtol=1e-3, atol=1e-3)
 
 
-@pytest.mark.parametrize("case", ["leading dim", "transposed", "too wide", "no rows"])
+@pytest.mark.parametrize("case", ["leading dim", "every dim", "transposed", "too wide", "no rows"])
 def test_kernel_falls_back_to_torch(case):
     x = torch.randn(6, 4, 3, dtype=torch.float64).to(DEVICE)
     dims = (-1,)
     if case == "leading dim":
         dims = (-2,)
+    elif case == "every dim":      # the vertex dim summed too: one total, not one per row
+        dims = (0, 1, 2)
     elif case == "transposed":     # a row's elements not packed
         x = x.transpose(1, 2)
     elif case == "too wide":
