@@ -50,7 +50,8 @@ def test_kernel_half_accumulates_in_float32():
     torch.testing.assert_close(got.float(), torch.full((4, 1, 8), 2.56).to(DEVICE), rtol=2e-3, atol=2e-3)
 
 
-@pytest.mark.parametrize("case", ["batch dims", "mixed dtypes", "no rows", "integers", "large matrices"])
+@pytest.mark.parametrize("case", ["batch dims", "mixed dtypes", "inner sizes differ", "no rows", "integers",
+                                  "large matrices"])
 def test_kernel_falls_back_to_torch(case):
     g = torch.Generator().manual_seed(2)
     x = torch.randn(5, 1, 3, dtype=torch.float64, generator=g).to(DEVICE)
@@ -59,6 +60,8 @@ def test_kernel_falls_back_to_torch(case):
         x, w = x.unsqueeze(1).expand(5, 2, 1, 3), w.unsqueeze(1).expand(5, 2, 3, 4)
     elif case == "mixed dtypes":
         w = w.float()
+    elif case == "inner sizes differ":      # [5, 1, 3] @ [5, 2, 4]: no product
+        w = w[:, :2]
     elif case == "no rows":
         x, w = x[:0], w[:0]
     elif case == "integers":
@@ -66,7 +69,7 @@ def test_kernel_falls_back_to_torch(case):
     else:
         x = torch.randn(2, 1, 128, dtype=torch.float64, generator=g).to(DEVICE)
         w = torch.randn(2, 128, 128, dtype=torch.float64, generator=g).to(DEVICE)
-    if case == "mixed dtypes":
+    if case in ("mixed dtypes", "inner sizes differ"):
         with pytest.raises(RuntimeError):       # torch's own error, not a kernel's guess
             rm.row_matmul(x, w)
         return
