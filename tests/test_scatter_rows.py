@@ -50,6 +50,19 @@ def test_the_kernel_matches_torch(dtype, tol, shape, scaled, monkeypatch):
     assert names == ["_scatter_scaled_rows"]
 
 
+def test_a_table_of_strided_columns_is_read_by_its_elements(monkeypatch):
+    """Every other column of a [9, 10] table: copied to packed rows before the kernel,
+    which reads a row's elements one apart."""
+    names = launched(monkeypatch)
+    g = torch.Generator().manual_seed(1)
+    table = torch.randn(9, 10, generator=g).to(DEVICE)[:, ::2]
+    gather = torch.randint(0, 9, (40,), generator=g).to(DEVICE)
+    scatter = torch.randint(0, 4, (40,), generator=g).to(DEVICE)
+    got = scatter_rows.scatter_scaled_rows(table, gather, scatter, None, 4)
+    torch.testing.assert_close(got.double(), oracle(table, gather, scatter, None, 4), rtol=1e-5, atol=1e-5)
+    assert names == ["_scatter_scaled_rows"]
+
+
 def test_float64_keeps_the_torch_form(monkeypatch):
     names = launched(monkeypatch)
     table = torch.randn(4, 3, dtype=torch.float64, device=DEVICE)
