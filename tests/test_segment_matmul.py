@@ -89,6 +89,25 @@ def test_kernels_follow_a_row_gather_without_copying(monkeypatch):
                                rtol=1e-5, atol=1e-4)
 
 
+def test_a_gather_of_rows_with_middle_dims_reads_whole_rows(monkeypatch):
+    """x [13, 2, K] through ``gather``: each gathered row is two kernel rows, which the
+    kernels cannot follow a row id to, so the rows are gathered first."""
+    kernels_only(monkeypatch)
+    kind, groups = grouped_rows(90, TYPES)
+    g = torch.Generator().manual_seed(6)
+    x = torch.randn(13, 2, K, generator=g).to(DEVICE)
+    gather = torch.randint(0, 13, (90,), generator=g).to(DEVICE)
+    w = torch.randn(TYPES, K, N, generator=g).to(DEVICE)
+    grad = torch.randn(90, 2, N, generator=g).to(DEVICE)
+    rows = x.double()[gather]
+    torch.testing.assert_close(sm.segment_matmul(x, w, groups, gather).double(),
+                               torch.einsum("rmk,rkn->rmn", rows, w.double()[kind]), rtol=1e-5, atol=1e-5)
+    expected = torch.zeros(TYPES, K, N, dtype=torch.float64, device=DEVICE).index_add_(
+        0, kind, torch.einsum("rmk,rmn->rkn", rows, grad.double()))
+    torch.testing.assert_close(sm.segment_matmul_tn(x, grad, groups, gather).double(), expected,
+                               rtol=1e-5, atol=1e-4)
+
+
 def test_float64_keeps_the_exact_torch_loop():
     kind, groups = grouped_rows(100, TYPES)
     x = torch.randn(100, K, dtype=torch.float64, device=DEVICE)
