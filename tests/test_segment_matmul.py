@@ -108,6 +108,27 @@ def test_a_gather_of_rows_with_middle_dims_reads_whole_rows(monkeypatch):
                                rtol=1e-5, atol=1e-4)
 
 
+def test_a_type_of_whole_tiles_is_covered_once(monkeypatch):
+    """Type 0 holds exactly two gradient chunks (8 forward tiles): every tile starts one
+    tile after the last, so its last row is computed and no row counted twice."""
+    kernels_only(monkeypatch)
+    g = torch.Generator().manual_seed(7)
+    rows = 2 * sm.TN_CHUNK + 40
+    kind = torch.randint(1, TYPES, (rows,), generator=g)
+    kind[: 2 * sm.TN_CHUNK] = 0
+    kind = kind[torch.randperm(rows, generator=g)].to(DEVICE)
+    ids = [torch.nonzero(kind == t).flatten() for t in range(TYPES)]
+    groups = RowGroups(ids, [len(i) for i in ids])
+    x = torch.randn(rows, K, generator=g).to(DEVICE)
+    w = torch.randn(TYPES, K, N, generator=g).to(DEVICE)
+    grad = torch.randn(rows, N, generator=g).to(DEVICE)
+    torch.testing.assert_close(sm.segment_matmul(x, w, groups).double(),
+                               torch.einsum("rk,rkn->rn", x.double(), w.double()[kind]), rtol=1e-5, atol=1e-5)
+    expected = torch.zeros(TYPES, K, N, dtype=torch.float64, device=DEVICE).index_add_(
+        0, kind, torch.einsum("rk,rn->rkn", x.double(), grad.double()))
+    torch.testing.assert_close(sm.segment_matmul_tn(x, grad, groups).double(), expected, rtol=1e-5, atol=1e-4)
+
+
 def test_float64_keeps_the_exact_torch_loop():
     kind, groups = grouped_rows(100, TYPES)
     x = torch.randn(100, K, dtype=torch.float64, device=DEVICE)
