@@ -87,6 +87,14 @@ def test_int32_rows_and_a_strided_matrix():
     torch.testing.assert_close(ga, gb)
 
 
+def test_the_kernels_refuse_a_matrix_of_strided_columns():
+    """They read a row's classes one apart: every other column of a matrix would be read
+    as the row's first classes (and past it)."""
+    x = torch.randn(6, 8, dtype=torch.float64, device=DEVICE)[:, ::2]
+    with pytest.raises(ValueError, match="contiguous rows"):
+        _SelectedCrossEntropy.apply(x, torch.tensor([0, 1, 2, 3, 0, 1], device=DEVICE), None, -100, "mean")
+
+
 @pytest.mark.parametrize("rows, target", [([1, 2], [0, 7]), ([1, 2], [-3, 0]), ([1, 5], [0, 0]), ([-7, 0], [1, 1])],
                          ids=["target past classes", "negative target", "row past the end", "row before the start"])
 def test_bad_indices_make_the_loss_nan_instead_of_a_number(rows, target):
