@@ -69,3 +69,45 @@ def test_gradients_match_torch(fn, squares, backend, device):
     assert_matches_oracle(lambda h: {"out": fn(graph, {"h": h}).cpu()},
                           lambda h: {"out": _oracle(h.cpu(), SRC, DST, squares)}, {"h": h.to(device)})
 
+
+
+def _normalized_sum_gradients(normalizer_by: str, spread_by: str, sum_by: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(backward program's, torch's) gradient of p for ``out = reduce(p / broadcast(
+    reduce(p, normalizer_by), spread_by) * r, sum_by)``, run on the reference executor."""
+    from gnnfuse.autodiff import build_backward
+    from gnnfuse.backend.reference import GraphContext
+    from gnnfuse.backend.reference.executor import execute
+    from gnnfuse.ir import Program, Residency
+    p = Program()
+    weights, rows = p.input("p", Residency.EDGE, (H,), torch.float64), p.input("r", Residency.EDGE, (H,), torch.float64)
+    total = p.add("reduce", weights, op="sum", by=normalizer_by)
+    y = p.add("div", weights, p.add("broadcast", total, by=spread_by))
+    p.output("out", p.add("reduce", p.add("mul", y, rows), op="sum", by=sum_by))
+    backward = build_backward(p, ["p"])
+    ctx = GraphContext(gnnfuse.Graph(SRC, DST, N))
+    g = torch.Generator().manual_seed(4)
+    feeds = {"p": torch.rand(len(SRC), H, dtype=torch.float64, generator=g) + 0.5,
+             "r": torch.randn(len(SRC), H, dtype=torch.float64, generator=g)}
+    grad_out = torch.randn(N, H, dtype=torch.float64, generator=g)
+    _, kept = execute(p, ctx, feeds, keep=[v.id for v in backward.saved])
+    names = {v.id: k for k, v in p.inputs.items()}
+    saved = {f"saved:{v.id}": feeds[names[v.id]] if v.id in names else kept[v.id] for v in backward.saved}
+    got, _ = execute(backward.program, ctx, {"grad:out": grad_out, **saved})
+    index = {"src": SRC, "dst": DST}
+    w = feeds["p"].clone().requires_grad_()
+    s = torch.zeros(N, H, dtype=torch.float64).index_add(0, index[normalizer_by], w)
+    out = torch.zeros(N, H, dtype=torch.float64).index_add(0, index[sum_by], w / s[index[spread_by]] * feeds["r"])
+    return got["grad:p"], torch.autograd.grad(out, w, grad_out)[0]
+
+
+@pytest.mark.parametrize("normalizer_by, spread_by, sum_by", [("dst", "dst", "dst"), ("src", "src", "dst"),
+                                                             ("dst", "src", "src")],
+                         ids=["one group: the identity", "normalized over out-edges, summed into targets",
+                              "normalizer spread by the other end"])
+def test_a_normalizer_of_other_edge_groups_than_the_sum_takes_the_op_by_op_gradient(normalizer_by, spread_by,
+                                                                                    sum_by):
+    """The identity ``c_v = <G_v, out_v>`` needs the normalizer summed, spread and the
+    weighted rows summed over one group of edges; over two, the op-by-op gradient.
+    Checked against torch's autograd in float64."""
+    ours, torchs = _normalized_sum_gradients(normalizer_by, spread_by, sum_by)
+    torch.testing.assert_close(ours, torchs, rtol=1e-12, atol=1e-12)
