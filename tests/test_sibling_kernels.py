@@ -129,11 +129,21 @@ def _cases():
     return {"mean-and-scaled": mean_and_scaled, "max-and-scaled": max_and_scaled, "gat-backward": gat}
 
 
+def two_hubs_graph() -> gnnfuse.Graph:
+    """`hub_graph` with 150 more in-edges on vertex 1: under 64-edge segments two split
+    rows, whose full segments come first in the longest-first order, the rows' segments
+    interleaved there (the merge's slots must still take them row by row)."""
+    hub = hub_graph()
+    src = torch.cat([hub.src, torch.randint(2, 10, (150,), generator=torch.Generator().manual_seed(8))])
+    return gnnfuse.Graph(src, torch.cat([hub.dst, torch.ones(150, dtype=torch.long)]), 12)
+
+
+@pytest.mark.parametrize("graph_of", [hub_graph, two_hubs_graph], ids=["one-hub", "two-hubs"])
 @pytest.mark.parametrize("case", ["mean-and-scaled", "max-and-scaled", "gat-backward"])
-def test_one_kernel_equals_the_members_run_apart_and_the_reference(case, monkeypatch):
+def test_one_kernel_equals_the_members_run_apart_and_the_reference(case, graph_of, monkeypatch):
     monkeypatch.setattr(triton_executor, "SEGMENT_EDGES", 64)    # the hub row splits: atomic stores too
     monkeypatch.setenv("GNNFUSE_SCHEDULE", "csr")
-    graph = hub_graph().to(DEVICE)
+    graph = graph_of().to(DEVICE)
     gen = torch.Generator().manual_seed(5)
     x = torch.randn(graph.num_nodes, 6, dtype=torch.float64, generator=gen).to(DEVICE)
     norm = (torch.rand(graph.num_nodes, 1, dtype=torch.float64, generator=gen) + 0.5).to(DEVICE)
