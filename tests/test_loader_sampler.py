@@ -186,6 +186,8 @@ def test_no_seeds_is_no_batch(extra):
     ({"num_neighbors": []}, "num_neighbors"), ({"num_neighbors": [-2]}, "num_neighbors"),
     ({"batch_size": 0}, "batch_size"), ({"input_nodes": torch.tensor([0, 0])}, "repeated"),
     ({"input_nodes": torch.tensor([9])}, "outside"), ({"feature_device": "pinned"}, "CUDA"),
+    # a mask of another length than the vertex count: a short one dropped seeds silently
+    ({"input_nodes": torch.tensor([True, True])}, "mask has 2 entries but the graph has 3 nodes"),
     ({"x": torch.zeros(2, 1)}, "rows")])
 def test_loader_rejects_bad_arguments(kwargs, message):
     graph = gnnfuse.Graph(torch.tensor([0, 1]), torch.tensor([1, 2]), 3)
