@@ -324,6 +324,17 @@ def test_a_fanout_above_every_in_degree_samples_every_in_edge_at_the_cost_of_the
     assert huge._maker.num_neighbors == (most, most)
 
 
+def test_a_fanout_above_every_in_degree_with_replacement_draws_the_fanout():
+    """With replacement a destination of in-degree > 0 gets ``fanout`` draws, as PyG's
+    sampler gives it, however small its in-degree: bounding the fanout by the largest
+    in-degree (which without replacement changes nothing) would draw fewer."""
+    graph = gnnfuse.Graph(torch.tensor([0, 2, 1]), torch.tensor([1, 1, 2]), 3)     # in-degrees 0, 2, 1
+    batch = next(iter(NeighborLoader(graph, [5], input_nodes=[1, 2], batch_size=2, replace=True, prefetch=0)))
+    block = batch.blocks[0]
+    assert block.graph.num_edges == 10 and block.graph.in_degrees().tolist() == [5, 5]
+    assert batch.num_sampled_edges == [10]
+
+
 def test_a_learnable_feature_table_is_read_fresh_on_demand_or_refused():
     """``x`` an ``nn.Parameter`` (a learnable embedding): with the default prefetch a
     batch's rows were read before the optimizer stepped on the batches before it (after
