@@ -172,6 +172,18 @@ def test_a_batch_over_the_capacities_comes_unpadded(data):
     assert not batch.padded and batch.x.shape[0] == batch.blocks[0].num_src
 
 
+
+def test_a_batch_of_exactly_the_capacitys_rows_comes_unpadded(data):
+    """Each level keeps a padded row (padded edges run between padded rows), so a batch of
+    as many input rows as the capacity does not fit: it comes unpadded, as the plain batch."""
+    probed = _loader(data, static_shapes=True).capacities
+    torch.manual_seed(3)
+    plain = next(iter(_loader(data)))
+    exact = Capacities(probed.nodes[:-1] + (plain.x.shape[0],), probed.edges)
+    torch.manual_seed(3)
+    batch = next(iter(_loader(data, static_shapes=exact)))
+    assert not batch.padded and torch.equal(batch.n_id, plain.n_id) and torch.equal(batch.x, plain.x)
+
 class _Recorder:
     """Stands in for a CUDA graph: capture records the step without its effects (the
     model and optimizer are put back, as recording runs no kernel); replay runs it and
