@@ -568,6 +568,19 @@ def test_data_accessors_are_pygs(edge_tables):
             batch["not_there"]
 
 
+def test_feature_counts_of_vector_tables_are_pygs():
+    """A 1-D ``x`` or ``edge_attr`` holds one feature per row, as PyG's ``Data`` counts
+    it (not its row count), checked against a PyG ``Data`` of the batch's tables."""
+    from torch_geometric.data import Data
+    edge_index = torch.randint(0, 12, (2, 40), generator=torch.Generator().manual_seed(0))
+    data = Data(x=torch.randn(12), edge_index=edge_index, edge_attr=torch.randn(40), num_nodes=12)
+    batch = next(iter(NeighborLoader(data, [-1], batch_size=4, prefetch=0)))
+    pyg = Data(x=batch.x, edge_index=batch.edge_index, edge_attr=batch.edge_attr)
+    assert batch.x.shape[0] > 1 and batch.edge_attr.shape[0] > 1
+    assert (batch.num_node_features, batch.num_features, batch.num_edge_features) == \
+        (pyg.num_node_features, pyg.num_features, pyg.num_edge_features) == (1, 1, 1)
+
+
 def test_padded_and_link_batches_list_what_they_hold():
     """A padded batch lists no PyG view (its ``num_edges`` is refused as its
     ``edge_index`` is); a link batch lists its mode's link attributes and no ``batch_size``."""
