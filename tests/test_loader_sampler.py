@@ -463,6 +463,12 @@ def test_a_block_graph_of_sampled_ids_skips_the_range_checks_others_keep_them():
     assert _counted(lambda: block_graph(rowptr, src, dst, 3)) == {"Tensor.tolist": 1}    # the checks' one read
     with pytest.raises(ValueError, match="num_src_nodes"):
         block_graph(rowptr, torch.tensor([2, 0, 5]), dst, 3)
+    # one vertex set (PyG's subgraph): as many vertices as rows, or the cached
+    # out-degrees (num_src entries) would not match the graph's vertex count
+    looped = block_graph(torch.tensor([0, 1, 2]), torch.tensor([1, 0]), torch.tensor([0, 1]), 2, one_vertex_set=True)
+    assert looped.num_nodes == 2 and looped.out_degrees().tolist() == [1, 1]
+    with pytest.raises(ValueError, match="a graph of one vertex set has a row per vertex: 3 vertices, 2 rows"):
+        block_graph(torch.tensor([0, 1, 2]), torch.tensor([1, 0]), torch.tensor([0, 1]), 3, one_vertex_set=True)
 
 
 def test_the_sync_counter_sees_a_cpu_tensor_read_into_python():
