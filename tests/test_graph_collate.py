@@ -136,6 +136,7 @@ class Subclassed(Data):
     lambda g: [Subclassed(**dict(d)) for d in g],                               # its own increments
     lambda g: [Data(num_nodes=d.num_nodes, **dict(d)) for d in g],             # an explicit vertex count
     lambda g: [Data(face=torch.zeros(3, 1, dtype=torch.long), **dict(d)) for d in g],  # another index key
+    lambda g: [Data(ring_index=torch.zeros(2, 1, dtype=torch.long), **dict(d)) for d in g],  # PyG increments *index*
     lambda g: [Data(edge_index=d.edge_index, y=d.y) for d in g],               # no vertex rows to count
     lambda g: g[:2] + [Data(x=g[2].x, edge_index=g[2].edge_index)],            # attributes that differ
     lambda g: [Data(x=d.x, edge_index=d.edge_index, name="mol") for d in g],   # not a tensor
