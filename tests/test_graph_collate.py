@@ -494,3 +494,14 @@ def test_a_data_set_class_made_in_a_function_is_freed_after_its_loader():
         del cls, scale, loader
     gc.collect()
     assert sum(ref() is not None for ref in refs) == 0
+
+
+def test_a_batch_holding_a_tensor_that_requires_grad_crosses_as_pygs():
+    """One buffer cannot carry a tensor that requires grad (`packing` refuses it, and a
+    refusal in a worker's queue thread left the loader waiting for ever): such a batch is
+    not marked for packing and pickles as PyG's, its autograd flag kept."""
+    batch = Batch.from_data_list([Data(x=torch.randn(3, 2), edge_index=torch.tensor([[0, 1], [1, 2]]))
+                                  for _ in range(2)])
+    batch.x.requires_grad_()
+    back = pickle.loads(pickle.dumps(for_transfer(batch)))
+    assert back.x.requires_grad and torch.equal(back.x, batch.x) and torch.equal(back.edge_index, batch.edge_index)
