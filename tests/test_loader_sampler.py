@@ -99,6 +99,15 @@ def test_every_in_edge_of_a_hub_past_float32s_resolution_can_be_drawn(replace):
     assert 1800 < odd < 2300, f"{odd} of 4096 draws took an odd in-edge, where half of them should"
 
 
+def test_with_replacement_every_in_edge_can_be_drawn():
+    """Draws with replacement are uniform over all ``deg`` in-edges, the last one too: 300
+    draws from a vertex of 3 in-edges take each about 100 times."""
+    rowptr, col = torch.tensor([0, 3]), torch.tensor([4, 5, 6])
+    hop = sample_hop(rowptr, col, torch.tensor([0]), 300, True, torch.Generator().manual_seed(0))
+    counts = torch.bincount(hop.eid, minlength=3)
+    assert hop.eid.numel() == 300 and bool((counts > 70).all()), counts.tolist()
+
+
 @RUNS
 @given(graphs(max_nodes=8, max_edges=24, hub_degrees=st.sampled_from([0, 7])), st.integers(1, 4),
        st.integers(0, 99))
