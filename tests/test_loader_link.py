@@ -179,6 +179,20 @@ def test_binary_negatives_draw_sources_by_src_weight_and_destinations_by_dst_wei
         assert src.numel() == 2 * batch.input_id.numel()
         assert set(src.tolist()) == {3} and set(dst.tolist()) <= {7, 11}
 
+
+def test_triplet_negatives_draw_destinations_by_dst_weight():
+    """Triplet mode's negative destinations come from ``dst_weight`` (PyG's), not from
+    ``src_weight``, which it does not read."""
+    data = pyg_data(_power_law(20, 50), 20)
+    src_weight, dst_weight = torch.zeros(20), torch.zeros(20)
+    src_weight[3], dst_weight[[7, 11]] = 1.0, 1.0
+    loader = LinkNeighborLoader(data, [2], batch_size=10,
+                                neg_sampling=NegativeSampling("triplet", 2, src_weight=src_weight,
+                                                              dst_weight=dst_weight))
+    for batch in loader:
+        negatives = batch.n_id[batch.dst_neg_index]
+        assert negatives.shape == (batch.input_id.numel(), 2) and set(negatives.flatten().tolist()) <= {7, 11}
+
 def _gae(channels: int, backend_device: str):
     torch.manual_seed(0)
     return torch.nn.ModuleList([gnnfuse.nn.SAGEConv(channels, 8), gnnfuse.nn.SAGEConv(8, 4)]).double().to(
