@@ -79,6 +79,26 @@ def test_a_degree_output_is_not_the_graphs_cached_count(backend, monkeypatch):
     assert graph.in_degrees().tolist() == [2, 1, 1, 1]
 
 
+@gnnfuse.vertex
+def _in_degree_alone(v):
+    return len(v.innbs)
+
+
+@pytest.mark.parametrize("backend", ON_HOST)
+def test_a_degree_alone_is_not_the_graphs_cached_count(backend, monkeypatch):
+    """A program whose one output is ``len(v.innbs)`` reads no input beside it, so only
+    the degree op counting as input-like (`_may_alias_inputs`) has its output copied:
+    without that, ``d.add_(1)`` wrote the graph's cached in-degrees (the test above
+    returns ``v.h`` too, which marked the program on its own)."""
+    monkeypatch.setenv("GNNFUSE_BACKEND", backend)
+    graph, h = _graph(), torch.randn(4, 2)
+    for _ in range(3):
+        d = _in_degree_alone(graph, {"h": h})
+        d.add_(1)
+        assert d.tolist() == [3, 2, 2, 2]
+    assert graph.in_degrees().tolist() == [2, 1, 1, 1]
+
+
 def test_an_edge_table_handed_to_gsddmm_is_not_written_through_its_output():
     e = torch.ones(5, 2)
     s = gsddmm(_graph(), None, edge=e)
