@@ -99,6 +99,32 @@ def test_a_degree_alone_is_not_the_graphs_cached_count(backend, monkeypatch):
     assert graph.in_degrees().tolist() == [2, 1, 1, 1]
 
 
+@gnnfuse.vertex
+def _one_sum_two_names(v):
+    total = sum([u.h * u.h for u in v.innbs])
+    return {"a": total, "b": total}
+
+
+@pytest.mark.parametrize("backend", ON_HOST)
+def test_two_outputs_of_one_value_are_two_tensors(backend, monkeypatch):
+    """Eager per-vertex code stacks each returned key's rows into a tensor of its own, so
+    ``out["a"].mul_(10)`` leaves ``out["b"]`` as it was; the backends hand one value's
+    buffer to both names, and `_own_storage` copies the second. (Not copied, ``b`` came
+    back 10x, and no test failed.) The gradient through both names is the sum of both."""
+    monkeypatch.setenv("GNNFUSE_BACKEND", backend)
+    graph = _graph()
+    h = torch.randn(4, 2, dtype=torch.float64)
+    expected = torch.zeros_like(h).index_add(0, graph.dst, h[graph.src] ** 2)
+    out = _one_sum_two_names(graph, {"h": h})
+    out["a"].mul_(10)
+    torch.testing.assert_close(out["b"], expected)
+    leaf, eager = h.clone().requires_grad_(), h.clone().requires_grad_()
+    out = _one_sum_two_names(graph, {"h": leaf})
+    (out["a"] + 2 * out["b"]).sum().backward()
+    (3 * torch.zeros_like(h).index_add(0, graph.dst, eager[graph.src] ** 2)).sum().backward()
+    torch.testing.assert_close(leaf.grad, eager.grad)
+
+
 def test_an_edge_table_handed_to_gsddmm_is_not_written_through_its_output():
     e = torch.ones(5, 2)
     s = gsddmm(_graph(), None, edge=e)
