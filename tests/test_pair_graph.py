@@ -66,6 +66,19 @@ def test_pair_matmul_gradcheck():
     assert torch.autograd.gradcheck(lambda a, b: pair_matmul(graph, a, b), (x, w))
 
 
+def test_pair_matmul_gradient_of_either_input_alone():
+    """A frozen ``x`` (embeddings kept fixed) with a trainable ``w``, and the other way:
+    each backward gives the needed gradient by the other input's ``needs_input_grad``
+    alone. (``w``'s gradient tied to ``x``'s need was None with ``x`` frozen, silently
+    leaving the relation matrices untrained, and no test failed.)"""
+    graph = gnnfuse.Graph(torch.tensor([0, 0, 1, 2, 2, 2, 3]), torch.tensor([1, 2, 2, 0, 0, 3, 3]), 5,
+                          edge_type=torch.tensor([0, 0, 1, 2, 1, 2, 0]), num_edge_types=4)
+    x = torch.randn(5, 3, dtype=f64)
+    w = torch.randn(4, 3, 2, dtype=f64)
+    assert torch.autograd.gradcheck(lambda b: pair_matmul(graph, x, b), (w.clone().requires_grad_(),))
+    assert torch.autograd.gradcheck(lambda a: pair_matmul(graph, a, w), (x.clone().requires_grad_(),))
+
+
 def test_bad_inputs_say_what_is_wrong():
     untyped = gnnfuse.Graph(torch.tensor([0, 1]), torch.tensor([1, 0]), 2)
     with pytest.raises(ValueError, match="edge types"):
