@@ -210,6 +210,35 @@ def test_a_backward_called_inside_the_autocast_block(device):
     torch.testing.assert_close(grad, wanted, rtol=5e-2, atol=5e-2)
 
 
+def _summed_product(W):
+    @gnnfuse.vertex
+    def layer(v):
+        return sum([u.h @ W for u in v.innbs])
+    return layer
+
+
+def test_a_plain_forward_s_backward_in_an_autocast_block_keeps_float32(device):
+    """A float32 program run outside autocast, its backward called inside a bfloat16
+    block (autograd runs it under the caller's autocast on the CPU): the backward program
+    runs with autocast off, in the program's float32, so its ``u.h @ W`` gradients are
+    float64's to float32 rounding (1e-7 here). Run under the block, they were rounded to
+    bfloat16 (2.5e-3 off) and no test failed: the test above compares with eager code,
+    which itself computes that backward in bfloat16."""
+    graph = gnnfuse.Graph(torch.tensor(SRC), torch.tensor(DST), 4).to(device)
+    gen = torch.Generator().manual_seed(0)
+    h0, w0 = torch.randn(4, 8, generator=gen).to(device), (torch.randn(8, 5, generator=gen) / 3).to(device)
+    grads = {}
+    for dtype in (torch.float64, torch.float32):
+        h, W = h0.to(dtype).detach().requires_grad_(), w0.to(dtype).detach().requires_grad_()
+        out = _summed_product(W)(graph, {"h": h})
+        with torch.autocast(torch.device(device).type, dtype=torch.bfloat16, enabled=dtype == torch.float32):
+            out.square().sum().backward()
+        grads[dtype] = (h.grad, W.grad)
+    for got, exact in zip(grads[torch.float32], grads[torch.float64]):
+        assert got.dtype == torch.float32
+        torch.testing.assert_close(got.double(), exact, rtol=1e-5, atol=1e-5 * exact.abs().max().item())
+
+
 def test_a_sage_backward_called_in_an_autocast_block_after_a_plain_forward(device):
     """SAGEConv's paired linear computed its backward under the caller's autocast, whose
     cast ``grad @ W`` then met a float32 in-place ``addmm_``: "self and mat2 must have the
