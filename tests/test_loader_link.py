@@ -163,17 +163,21 @@ def test_pygs_negative_sampling_object_and_weights_are_read():
         assert negatives.numel() and set(negatives.flatten().tolist()) <= {3, 7}
 
 
+def _loader_of_weighted_negatives(mode: str) -> LinkNeighborLoader:
+    """A loader whose negatives may have source 3 alone (``src_weight``) and destinations
+    7 and 11 alone (``dst_weight``)."""
+    data = pyg_data(_power_law(20, 50), 20)
+    src_weight, dst_weight = torch.zeros(20), torch.zeros(20)
+    src_weight[3], dst_weight[[7, 11]] = 1.0, 1.0
+    return LinkNeighborLoader(data, [2], batch_size=10,
+                              neg_sampling=NegativeSampling(mode, 2, src_weight=src_weight, dst_weight=dst_weight))
+
 
 def test_binary_negatives_draw_sources_by_src_weight_and_destinations_by_dst_weight():
     """Each endpoint of a negative comes from its own weights (PyG's): sources only where
     ``src_weight`` is non-zero, destinations only where ``dst_weight`` is (drawing both by
     one endpoint's weights had passed the test above, whose weights are equal)."""
-    data = pyg_data(_power_law(20, 50), 20)
-    src_weight, dst_weight = torch.zeros(20), torch.zeros(20)
-    src_weight[3], dst_weight[[7, 11]] = 1.0, 1.0
-    loader = LinkNeighborLoader(data, [2], batch_size=10,
-                                neg_sampling=NegativeSampling("binary", 2, src_weight=src_weight,
-                                                              dst_weight=dst_weight))
+    loader = _loader_of_weighted_negatives("binary")
     for batch in loader:
         src, dst = batch.n_id[batch.edge_label_index[:, batch.input_id.numel():]]
         assert src.numel() == 2 * batch.input_id.numel()
@@ -183,12 +187,7 @@ def test_binary_negatives_draw_sources_by_src_weight_and_destinations_by_dst_wei
 def test_triplet_negatives_draw_destinations_by_dst_weight():
     """Triplet mode's negative destinations come from ``dst_weight`` (PyG's), not from
     ``src_weight``, which it does not read."""
-    data = pyg_data(_power_law(20, 50), 20)
-    src_weight, dst_weight = torch.zeros(20), torch.zeros(20)
-    src_weight[3], dst_weight[[7, 11]] = 1.0, 1.0
-    loader = LinkNeighborLoader(data, [2], batch_size=10,
-                                neg_sampling=NegativeSampling("triplet", 2, src_weight=src_weight,
-                                                              dst_weight=dst_weight))
+    loader = _loader_of_weighted_negatives("triplet")
     for batch in loader:
         negatives = batch.n_id[batch.dst_neg_index]
         assert negatives.shape == (batch.input_id.numel(), 2) and set(negatives.flatten().tolist()) <= {7, 11}

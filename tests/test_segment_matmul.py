@@ -69,6 +69,18 @@ def test_kernels_match_torch_in_float32(monkeypatch, middle):
     assert torch.equal(got[1], torch.zeros(K, N, device=DEVICE))      # a type without rows
 
 
+def _assert_gathered_products(x, w, grad, kind, groups, gather):
+    """The forward and the weight gradient of gathered rows (``x[gather]``, any middle
+    dims) against einsum in float64."""
+    rows = x.double()[gather]
+    torch.testing.assert_close(sm.segment_matmul(x, w, groups, gather).double(),
+                               torch.einsum("r...k,rkn->r...n", rows, w.double()[kind]), rtol=1e-5, atol=1e-5)
+    expected = torch.zeros(TYPES, K, N, dtype=torch.float64, device=DEVICE).index_add_(
+        0, kind, torch.einsum("r...k,r...n->rkn", rows, grad.double()))
+    torch.testing.assert_close(sm.segment_matmul_tn(x, grad, groups, gather).double(), expected,
+                               rtol=1e-5, atol=1e-4)
+
+
 def test_kernels_follow_a_row_gather_without_copying(monkeypatch):
     """``gather``: problem row i reads ``x[gather[i]]`` (the compact pairs' vertices), in
     the kernels themselves -- no gathered copy of x is made."""
@@ -80,13 +92,7 @@ def test_kernels_follow_a_row_gather_without_copying(monkeypatch):
     gather = torch.randint(0, 13, (90,), generator=g).to(DEVICE)
     w = torch.randn(TYPES, K, N, generator=g).to(DEVICE)
     grad = torch.randn(90, N, generator=g).to(DEVICE)
-    rows = x.double()[gather]
-    torch.testing.assert_close(sm.segment_matmul(x, w, groups, gather).double(),
-                               torch.einsum("rk,rkn->rn", rows, w.double()[kind]), rtol=1e-5, atol=1e-5)
-    expected = torch.zeros(TYPES, K, N, dtype=torch.float64, device=DEVICE).index_add_(
-        0, kind, torch.einsum("rk,rn->rkn", rows, grad.double()))
-    torch.testing.assert_close(sm.segment_matmul_tn(x, grad, groups, gather).double(), expected,
-                               rtol=1e-5, atol=1e-4)
+    _assert_gathered_products(x, w, grad, kind, groups, gather)
 
 
 def test_a_gather_of_rows_with_middle_dims_reads_whole_rows(monkeypatch):
@@ -99,13 +105,7 @@ def test_a_gather_of_rows_with_middle_dims_reads_whole_rows(monkeypatch):
     gather = torch.randint(0, 13, (90,), generator=g).to(DEVICE)
     w = torch.randn(TYPES, K, N, generator=g).to(DEVICE)
     grad = torch.randn(90, 2, N, generator=g).to(DEVICE)
-    rows = x.double()[gather]
-    torch.testing.assert_close(sm.segment_matmul(x, w, groups, gather).double(),
-                               torch.einsum("rmk,rkn->rmn", rows, w.double()[kind]), rtol=1e-5, atol=1e-5)
-    expected = torch.zeros(TYPES, K, N, dtype=torch.float64, device=DEVICE).index_add_(
-        0, kind, torch.einsum("rmk,rmn->rkn", rows, grad.double()))
-    torch.testing.assert_close(sm.segment_matmul_tn(x, grad, groups, gather).double(), expected,
-                               rtol=1e-5, atol=1e-4)
+    _assert_gathered_products(x, w, grad, kind, groups, gather)
 
 
 def test_a_type_of_whole_tiles_is_covered_once(monkeypatch):
