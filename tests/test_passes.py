@@ -71,6 +71,19 @@ def test_constant_folding():
     assert abs(next(v for v in p if v.op == "const").attrs["value"] - 6.0 ** 0.5) < 1e-15
 
 
+@pytest.mark.parametrize("op, expected", [("sub", 2.0 - 3.0), ("div", 2.0 / 3.0)])
+def test_constant_folding_keeps_the_operands_order(op, expected):
+    """A non-commutative op over two constants folds to ``a op b``, not ``b op a``."""
+    p = Program()
+    h = p.input("h", R.NODE, (3,), f64)
+    c = p.add(op, p.add("const", value=2.0, dtype=f64), p.add("const", value=3.0, dtype=f64))
+    p.output("out", p.add("mul", h, c))
+    fold_constants(p)
+    eliminate_dead_code(p)
+    assert ops(p) == ["const", "mul"]
+    assert next(v for v in p if v.op == "const").attrs["value"] == pytest.approx(expected, rel=1e-15)
+
+
 def test_dead_code_elimination():
     p = Program()
     h = p.input("h", R.NODE, (3,), f64)
