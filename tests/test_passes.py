@@ -4,9 +4,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+import gnnfuse
 from gnnfuse.ir import Program, Residency, verify
 from gnnfuse.passes import (eliminate_common_subexpressions, eliminate_dead_code, fold_constants, optimize,
                             reorder_broadcasts)
+from oracle_check import assert_matches_oracle
 
 R = Residency
 f64 = torch.float64
@@ -58,6 +60,24 @@ def test_cse_merges_equal_pure_ops_only():
     eliminate_common_subexpressions(p)
     assert ops(p) == ["exp", "dropout_mask", "dropout_mask", "add", "add", "add"]
     assert p.op_count("exp") == 1
+
+
+@gnnfuse.vertex
+def two_clamps(v):
+    return sum([torch.clamp(u.h, min=0.3) * torch.clamp(u.h, min=0.7) for u in v.innbs])
+
+
+def test_cse_keeps_ops_that_differ_only_in_an_attribute(backend, device):
+    """Two clamps of one row with different bounds are two values: a signature without
+    the attrs merged them, and the product became ``clamp(h, 0.3) ** 2``."""
+    src, dst = torch.tensor([0, 2, 1, 0, 2]), torch.tensor([1, 1, 0, 2, 2])
+    graph = gnnfuse.Graph(src, dst, 3).to(device)
+    h = torch.linspace(0.0, 1.0, 6, dtype=f64).reshape(3, 2).to(device)
+
+    def eager(h):
+        terms = torch.clamp(h[src], min=0.3) * torch.clamp(h[src], min=0.7)
+        return {"out": torch.zeros(3, 2, dtype=h.dtype, device=h.device).index_add(0, dst.to(h.device), terms)}
+    assert_matches_oracle(lambda h: {"out": two_clamps(graph, {"h": h})}, eager, {"h": h})
 
 
 def test_constant_folding():
