@@ -295,6 +295,34 @@ def test_endpoint_type_projection_runs_per_vertex_and_triton_fuses_around_it():
     assert rel_err(project(graph, {"h": x}, ntype_feature={"W": w}), expected) < 1e-12
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_one_endpoints_rows_times_the_other_endpoints_type_matrix_stays_per_edge(backend, monkeypatch):
+    """``edges.dst['h'] @ edges.srctype['W']`` mixes the endpoints: only a typed matmul whose
+    rows and type come from one endpoint moves before the gather (a move keyed on the
+    broadcast alone multiplied the source's rows instead of the destination's)."""
+    monkeypatch.setenv("GNNFUSE_BACKEND", backend)
+    device = device_for(backend)
+    graph = typed_graph(7).to(device)
+    x = torch.randn(graph.num_nodes, F_IN, dtype=f64, generator=torch.Generator().manual_seed(7)).to(device)
+    w = torch.randn(graph.num_node_types, F_IN, F_OUT, dtype=f64, generator=torch.Generator().manual_seed(8))
+    w = w.to(device).requires_grad_()
+
+    def message(edges):
+        return {"m": edges.dst["h"] @ edges.srctype["W"]}
+
+    def reduce(nodes):
+        return {"out": torch.sum(nodes.mailbox["m"], dim=1)}
+    out = gnnfuse.message_passing(graph, message, reduce, ndata={"h": x}, ntype_data={"W": w})["out"]
+    src, dst = graph.src, graph.dst
+    expected = torch.zeros(graph.num_nodes, F_OUT, dtype=f64, device=device).index_add(
+        0, dst, torch.einsum("ei,eio->eo", x[dst], w[graph.node_type[src]]))
+    assert rel_err(out, expected) < 1e-12
+    seed = torch.randn(out.shape, dtype=f64, generator=torch.Generator().manual_seed(9)).to(device)
+    (grad,) = torch.autograd.grad((out * seed).sum(), w)
+    (expected_grad,) = torch.autograd.grad((expected * seed).sum(), w)
+    assert rel_err(grad, expected_grad) < 1e-12
+
+
 # --- errors -------------------------------------------------------------------------------
 def test_types_read_on_an_untyped_graph_is_a_compile_error():
     plain = gnnfuse.Graph([0, 1, 2], [1, 2, 0])
