@@ -13,6 +13,7 @@ import pytest
 import torch
 import torch_geometric.nn as pyg_nn
 from layer_check import assert_compiled_matches
+from oracle_check import assert_matches_oracle
 
 import gnnfuse
 import gnnfuse.nn
@@ -59,6 +60,31 @@ def test_rewrite_leaves_rows_gathered_by_one_endpoint():
     p = _program(sides=("src", "src"))
     before = p.pretty()
     assert distribute_products(p).pretty() == before
+
+
+@pytest.mark.parametrize("op", [torch.mul, torch.div, torch.maximum], ids=lambda f: f.__name__)
+def test_a_product_of_endpoints_combined_otherwise_than_by_a_sum_stays_whole(op, backend, device):
+    """``(x_j * x_i) @ W`` is not ``x_j @ W * x_i @ W``: only a sum or difference distributes
+    (a rewrite taking any two-operand op passed every other test). Checked against eager
+    PyTorch, outputs and float64 gradients."""
+    src, dst = EDGES[0].to(device), EDGES[1].to(device)
+    graph = gnnfuse.Graph(src, dst, N)
+    gen = torch.Generator().manual_seed(3)
+    x = (torch.rand(N, F, dtype=torch.float64, generator=gen) + 0.5).to(device)
+    w = torch.randn(F, HEADS, dtype=torch.float64, generator=gen).to(device)
+
+    def ours(x, w):
+        def message(edges):
+            return {"m": op(edges.src["h"], edges.dst["h"]) @ w}
+
+        def reduce(nodes):
+            return {"out": torch.sum(nodes.mailbox["m"], dim=1)}
+        return {"out": gnnfuse.message_passing(graph, message, reduce, ndata={"h": x})["out"]}
+
+    def eager(x, w):
+        terms = op(x[src], x[dst]) @ w
+        return {"out": torch.zeros(N, HEADS, dtype=x.dtype, device=x.device).index_add(0, dst, terms)}
+    assert_matches_oracle(ours, eager, {"x": x, "w": w})
 
 
 def _feast(cls):
