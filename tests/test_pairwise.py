@@ -134,9 +134,17 @@ def counted_mean_reduce(nodes):
     return {"h": torch.sum(sim.sum(2) / sim.shape[2] + scaled.sum(1) / gap.size(1) * z, dim=1)}
 
 
+def offset_hinge_reduce(nodes):
+    """``clamp(min=0.5)`` of a pair difference is no hinge: only a floor of 0 sorts into ``hinge_sum``."""
+    score = nodes.mailbox["e"]
+    alpha = (score.unsqueeze(1) - score.unsqueeze(2)).clamp(min=0.5).sum(1)
+    return {"h": torch.sum(alpha * nodes.mailbox["z"], dim=1)}
+
+
 REDUCES = {"cgat": cgat_reduce, "weighted-cgat": weighted_cgat_reduce, "flipped-hinge": flipped_hinge_reduce,
            "spread": spread_reduce, "similarity": similarity_reduce, "view": view_reduce,
-           "node-view": node_view_reduce, "counted-mean": counted_mean_reduce}
+           "node-view": node_view_reduce, "counted-mean": counted_mean_reduce,
+           "offset-hinge": offset_hinge_reduce}
 SORTED, PER_EDGE = {"cgat", "weighted-cgat", "flipped-hinge"}, {"view"}   # hinge_sum; no pair rows; the rest: pairs
 
 
