@@ -141,10 +141,17 @@ def offset_hinge_reduce(nodes):
     return {"h": torch.sum(alpha * nodes.mailbox["z"], dim=1)}
 
 
+def max_hinge_reduce(nodes):
+    """The largest hinge over a kept edge's pairs, not their sum: no ``hinge_sum`` either."""
+    score = nodes.mailbox["e"]
+    alpha = torch.amax((score.unsqueeze(1) - score.unsqueeze(2)).clamp(min=0), dim=1)
+    return {"h": torch.sum(alpha * nodes.mailbox["z"], dim=1)}
+
+
 REDUCES = {"cgat": cgat_reduce, "weighted-cgat": weighted_cgat_reduce, "flipped-hinge": flipped_hinge_reduce,
            "spread": spread_reduce, "similarity": similarity_reduce, "view": view_reduce,
            "node-view": node_view_reduce, "counted-mean": counted_mean_reduce,
-           "offset-hinge": offset_hinge_reduce}
+           "offset-hinge": offset_hinge_reduce, "max-hinge": max_hinge_reduce}
 SORTED, PER_EDGE = {"cgat", "weighted-cgat", "flipped-hinge"}, {"view"}   # hinge_sum; no pair rows; the rest: pairs
 
 
