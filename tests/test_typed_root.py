@@ -88,6 +88,27 @@ def test_a_bias_is_not_folded_when_the_sum_before_it_is_an_output_too():
     assert ops(lambda: ours(**values))[0] == ["typed_aggregate_rooted", "add"]
 
 
+@pytest.mark.parametrize("after", ["times parameter", "minus parameter", "plus vertex table"])
+def test_only_a_parameter_vector_added_after_the_sum_is_folded_as_its_bias(after):
+    """The rooted op adds a bias row: a product or difference with the parameter after the
+    sum, or a per-vertex addend, stays outside it (each folded as ``+ bias`` passed every
+    other test). Checked against the plain-torch oracle, values and float64 gradients."""
+    graph = typed_graph()
+    values = rooted_inputs(graph, "cpu")
+    t = torch.randn(graph.num_nodes, F_OUT, dtype=f64, generator=torch.Generator().manual_seed(4))
+    combine = {"times parameter": lambda x, bias, t: x * bias, "minus parameter": lambda x, bias, t: x - bias,
+               "plus vertex table": lambda x, bias, t: x + t + bias}[after]
+
+    def ours(h, w, s, root, bias):
+        def fn(v):
+            return combine(sum([(e.src.h @ e.type.W) * e.s for e in v.inedges]) + v.h @ root, bias, v.t)
+        return {"out": gnnfuse.vertex(fn)(graph, {"h": h, "t": t}, {"s": s}, etype_feature={"W": w})}
+
+    def expected(h, w, s, root, bias):
+        return {"out": combine(oracle(graph, h, w, s)["out"] + h @ root, bias, t)}
+    assert_matches_oracle(ours, expected, values)
+
+
 @pytest.mark.parametrize("kept", ["root", "sum"])
 def test_terms_the_program_uses_elsewhere_are_not_folded(kept):
     """A root product or typed sum that is an output as well is computed anyway: folding
