@@ -291,3 +291,19 @@ def test_a_table_of_the_chosen_vertices_alone_passes_on_a_block():
     layer = _ScaledByDestination()
     torch.testing.assert_close(layer((x, x[rows]), in_edges_block(graph, rows), scale[rows]),
                                layer(x, graph, scale)[rows])
+
+
+def test_a_graph_whose_edges_were_edited_in_place_is_refused():
+    """The block trusts the graph's destination order (no sort where a PyG ``EdgeIndex``
+    says its edges come sorted by target): after an in-place edit that order is gone, and
+    unchecked the block gave row 0 edge 0 (now into vertex 2) and row 1 edge 1 (into
+    vertex 0), where the edited edges give them edges 1 and 2. The edit is refused, as on
+    a layer call."""
+    from torch_geometric import EdgeIndex
+    ei = torch.tensor([[3, 4, 5, 6], [0, 0, 1, 2]])
+    by_col = EdgeIndex(ei.clone(), sparse_size=(7, 7), sort_order="col")
+    graph = gnnfuse.Graph.coerce(by_col, 7)
+    graph.csr()
+    by_col.as_tensor()[1, 0] = 2           # edge 0 now 3 -> 2: the destinations no longer rise
+    with pytest.raises(gnnfuse.graph.GraphModifiedError, match="version"):
+        in_edges_block(graph, torch.tensor([0, 1]))
