@@ -486,3 +486,16 @@ def test_a_tensor_freed_while_the_interpreter_tears_the_module_down_is_forgotten
         index_cache._forget(0, weakref.ref(torch.empty(0)))
     finally:
         index_cache._ENTRIES = kept     # before the autouse fixture clears the tables
+
+
+def test_a_view_at_a_remembered_tensors_address_with_other_strides_is_not_its_prefix():
+    """A remembered ``edge_index``'s column prefixes are served by root, address and
+    strides: ``ei.view(-1)[:6].view(2, 3)`` starts where ``ei[:, :3]`` does, with two rows
+    of three, but its targets are ``ei[0, 3:]``. Matched without its strides it was served
+    the prefix's graph (targets 1, 2, 3 where it holds 3, 4, 0)."""
+    ei = torch.tensor([[0, 1, 2, 3, 4, 0], [1, 2, 3, 4, 0, 2]])
+    index_cache.remember_prefixes(ei, {(3, 5): lambda: Graph.from_edge_index(ei[:, :3].clone(), 5)})
+    assert Graph.coerce(ei.narrow(1, 0, 3), 5).dst.tolist() == [1, 2, 3]
+    view = ei.view(-1)[:6].view(2, 3)
+    graph = Graph.coerce(view, 5)
+    assert (graph.src.tolist(), graph.dst.tolist()) == (view[0].tolist(), view[1].tolist())
