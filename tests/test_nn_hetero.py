@@ -678,3 +678,15 @@ def test_fast_rgcn_matches_pyg(options, backend, device):
     index, types = typed_edges(3, device=device)
     assert_same(ours, pyg, {"x": torch.randn(8, 4, dtype=f64, device=device)},
                 lambda layer, xs: layer(xs["x"], index, types))
+
+
+def test_node_slice_names_each_types_rows_of_the_global_table():
+    """``node_slice(t)`` is the global ids `split` gives node type ``t``, last row included
+    (a slice one short dropped each type's last vertex)."""
+    counts = {"paper": 4, "author": 3, "venue": 2}
+    edges = {("author", "writes", "paper"): torch.tensor([[0, 2], [3, 1]]),
+             ("paper", "in", "venue"): torch.tensor([[3], [1]])}
+    hetero = HeteroGraph(edges, counts)
+    ids = torch.arange(hetero.num_nodes)
+    for t, rows in hetero.split(ids).items():
+        assert ids[hetero.node_slice(t)].tolist() == rows.tolist() and rows.numel() == counts[t]
