@@ -56,6 +56,16 @@ def test_self_loops_join_source_i_to_destination_i_below_both_counts():
     assert looped.num_src_nodes == NUM_SRC
 
 
+def test_self_loops_with_fewer_sources_than_destinations_stop_at_the_sources():
+    """With more destinations than sources the loops stop at the last source, as PyG's
+    ``add_self_loops(num_nodes=(3, 5))`` does; counted by destinations, loops 3 -> 3 and
+    4 -> 4 named sources the graph does not have."""
+    from torch_geometric.utils import add_self_loops
+    ei = torch.tensor([[0, 2, 1], [4, 0, 3]])
+    looped = Graph.bipartite(ei[0], ei[1], 3, 5).add_self_loops()
+    assert looped.edge_index.tolist() == add_self_loops(ei, num_nodes=(3, 5))[0].tolist()
+
+
 @pytest.fixture
 def schedule(request, monkeypatch):
     """GNNFUSE_SCHEDULE for a Triton case (None: the backend's own choice)."""
