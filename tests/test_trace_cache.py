@@ -781,3 +781,23 @@ def test_a_standard_library_module_imported_inside_the_function_keeps_it_cached(
     for _ in range(3):
         torch.testing.assert_close(with_stdlib_imports(graph, {"h": h}), neighbour_sum(graph, h))
     assert traces[0] == 1
+
+
+def test_partial_udf_is_guarded_by_its_bound_keywords(graph, traces):
+    """A partial's keyword arguments are part of the key as its positional ones are: a
+    changed ``scale=`` or ``op=`` traces again instead of serving the first program."""
+    h = torch.randn(4, 3, dtype=torch.float64)
+
+    def message(edges, *, scale):
+        return {"m": edges.src["h"] * scale}
+
+    def reduce(nodes, *, op):
+        return {"o": op(nodes.mailbox["m"], dim=1)}
+    eager_max = torch.full_like(h, -torch.inf).index_reduce_(0, graph.dst, h[graph.src], "amax")
+    for scale, op, expected in ((2.0, torch.sum, neighbour_sum(graph, h)), (3.0, torch.sum, neighbour_sum(graph, h)),
+                                (3.0, torch.amax, eager_max)):
+        out = frontend.message_passing(graph, functools.partial(message, scale=scale),
+                                       functools.partial(reduce, op=op), ndata={"h": h})["o"]
+        torch.testing.assert_close(out, scale * expected)
+    assert traces[0] == 3
+
