@@ -801,3 +801,20 @@ def test_partial_udf_is_guarded_by_its_bound_keywords(graph, traces):
         torch.testing.assert_close(out, scale * expected)
     assert traces[0] == 3
 
+
+def test_a_closure_tensor_of_another_dtype_traces_again(graph, traces):
+    """A tensor the function closes over is keyed by its dtype: a float32 weight rebound to
+    a float64 one gives the float64 product eager torch gives, not the float32 program's."""
+    h = torch.randn(4, 3, dtype=torch.float64)
+
+    def run(w):
+        @gnnfuse.vertex
+        def f(v):
+            return sum([u.h for u in v.innbs]) * w
+        return f(graph, {"h": h})
+    for w in (torch.tensor(1.1, dtype=torch.float32), torch.tensor(1.1, dtype=torch.float64)):
+        out = run(w)
+        expected = neighbour_sum(graph, h) * w
+        assert out.dtype == expected.dtype
+        torch.testing.assert_close(out, expected, rtol=0, atol=1e-12)
+    assert traces[0] == 2
