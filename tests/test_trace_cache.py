@@ -818,3 +818,21 @@ def test_a_closure_tensor_of_another_dtype_traces_again(graph, traces):
         assert out.dtype == expected.dtype
         torch.testing.assert_close(out, expected, rtol=0, atol=1e-12)
     assert traces[0] == 2
+
+
+
+def test_a_remembered_guard_walk_sees_a_keyword_default_set_in_place(graph, traces):
+    """`GuardMemo` compares what a vertex function read by identity; ``__kwdefaults__`` is a
+    dict, changed in place by ``fn.__kwdefaults__["k"] = 5.0`` without a new object, so the
+    memo must compare its values or serve the program traced with the old default."""
+    @gnnfuse.vertex
+    def f(v, *, k=2.0):
+        return sum([u.h for u in v.innbs]) * k
+    h = torch.randn(4, 3, dtype=torch.float64)
+    total = neighbour_sum(graph, h)
+    for _ in range(3):
+        torch.testing.assert_close(f(graph, {"h": h}), 2.0 * total)
+    f.fn.__kwdefaults__["k"] = 5.0
+    for _ in range(2):
+        torch.testing.assert_close(f(graph, {"h": h}), 5.0 * total)
+    assert traces[0] == 2
