@@ -2574,3 +2574,16 @@ def test_a_vertex_op_read_only_in_the_neighbour_loop_has_eagers_gradient_on_an_i
     for name, a, b in zip(("h", "d", "c"), got, want):
         assert torch.isfinite(a).all(), f"{name}'s gradient: {a}"
         torch.testing.assert_close(a, b, msg=lambda m: f"{name}'s gradient: {m}")
+
+
+@gnnfuse.vertex
+def _max_by_key(v):
+    return max([u.h for u in v.innbs], key=lambda t: t.sum())
+
+
+def test_a_neighbour_max_with_a_key_is_refused():
+    """Python's ``max(list, key=...)`` picks one neighbour's whole row by the key, which the
+    per-element reduce is not; the keyword silently dropped gave the elementwise max."""
+    h = features()
+    with pytest.raises(CompileError, match="takes no extra arguments"):
+        _max_by_key(graph(), {"h": h})
