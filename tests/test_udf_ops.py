@@ -82,6 +82,8 @@ EDGE_OPS = {
     "integer_index": lambda a, b: a[..., 2] * b[..., -1],
     "softplus_silu": lambda a, b: F.softplus(a * b, 2.0, 1.5) + F.silu(a - b) + F.softplus(a, threshold=1.0)
     + F.softplus(3 * a),
+    # numpy's spelling, which torch takes: ignored, the reduced dim was dropped and a [*, F] * [*] product misread
+    "keepdims": lambda a, b: a * b.sum(dim=-1, keepdims=True) + (a * b).mean(-1, keepdims=True),
 }
 
 
