@@ -46,7 +46,8 @@ def _vertex_outputs(v, W, W2, b):
             "edge": sum([F.linear(e.src.h, W2, b) * e.w for e in v.inedges]),   # times float32: promoted
             "root": v.h @ W + sum([u.h[:5] for u in v.innbs]),          # autocast dtype + float32
             "act": torch.exp(torch.tanh(lin)) * 2.0,                      # float32 on CUDA (exp), else low
-            "rmatmul": sum([W2 @ u.h for u in v.innbs])}                 # W @ x, through __rmatmul__
+            "rmatmul": sum([W2 @ u.h for u in v.innbs]),                 # W @ x, through __rmatmul__
+            "bias_keyword": sum([F.linear(u.h, W2, bias=b) for u in v.innbs])}  # bias= cast as a positional one
 
 
 def _vertex_udf(W, W2, b):
