@@ -70,10 +70,11 @@ class MessagePassing(NotScriptable, PyGMessagePassing):
         # take) as its ``[2, E]`` edges, whose columns are the block's ``edge_attr`` rows, as
         # `pyg_layers` hands it to PyG's layers: it fell back to PyG's propagate with a
         # warning, which then failed on "only supports integer tensors of shape [2, ...]".
-        # A bipartite graph's sizes come from the (x_src, x_dst) pair, as PyG reads them.
-        # `edge_updater` takes one so too. A single table on an `in_edges_block` would be
-        # read at row i for destination i, which is vertex rows[i]: refused. (The check is
-        # inline so a tensor edge_index, the usual call, costs no function call here.)
+        # Where no size is given, the Graph's own counts are (`_graph_size`), so PyG checks
+        # the node tables against them. `edge_updater` takes one so too. A single table on
+        # an `in_edges_block` would be read at row i for destination i, which is vertex
+        # rows[i]: refused. (The check is inline so a tensor edge_index, the usual call,
+        # costs no function call here.)
         if isinstance(edge_index, Graph):
             edge_index, size = _edges(edge_index, self, kwargs), _graph_size(edge_index, size)
         if torch.compiler.is_compiling():

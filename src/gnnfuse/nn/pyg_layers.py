@@ -156,7 +156,8 @@ def _graphs_as_edge_index(forward: Callable[..., Any]) -> Callable[..., Any]:
     """PyG's ``forward``, given a gnnfuse `Graph` where PyG takes an ``edge_index``, as
     gnnfuse's own layers are: it reaches PyG's code as its cached ``[2, E]`` tensor (PyG's
     checks refused the Graph object with "`MessagePassing.propagate` only supports integer
-    tensors"). A bipartite graph's sizes come from its ``(x_src, x_dst)`` pair, as PyG reads them."""
+    tensors"). A bipartite graph's sizes come from its ``(x_src, x_dst)`` pair, as PyG reads them,
+    once the tables are checked against the Graph's counts (`_refuse_other_counts`)."""
     from ..graph import Graph
 
     parameters = list(inspect.signature(forward).parameters)[1:]      # after self

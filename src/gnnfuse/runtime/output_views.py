@@ -4,13 +4,14 @@ A UDF returning ``{"a": s, "b": s.reshape(E, 2, 3)}`` gives, in eager code, a ``
 is a view of ``a``: an in-place edit of one shows in the other. The reference executor
 runs the reshape as torch does and returns that view (with gradients, autograd then
 refuses to read the view after an edit of either, naming ``_ProgramFunction``), but the
-fused backends write each output into a buffer of its own, so after ``out["a"].mul_(2)`` the CPU and Triton backends'
-``b`` still held the old values, silently unlike eager code (2.6 off on a 6-edge graph).
-`rebuild_views` remakes each such output from the output it views, by the same torch
-ops, so every backend returns what the reference one does. Two outputs viewing one value
-the UDF does not return (``{"a": s.reshape(E, 2, 3), "b": s.reshape(E, 3, 2)}``) share
-its memory in eager code too: where one of them is ``s`` through reshapes alone, ``s``
-is that output reshaped back, and the other is remade from it.
+fused backends write each output into a buffer of its own, so after ``out["a"].mul_(2)``
+the CPU and Triton backends' ``b`` still held the old values, silently unlike eager code
+(2.6 off on a 6-edge graph). `rebuild_views` remakes each such output from the output it
+views, by the same torch ops, so every backend returns what the reference one does. Two
+outputs viewing one value the UDF does not return (``{"a": s.reshape(E, 2, 3), "b":
+s.reshape(E, 3, 2)}``) share its memory in eager code too: where one of them is ``s``
+through reshapes alone, ``s`` is that output reshaped back, and the other is remade from
+it.
 """
 from __future__ import annotations
 
